@@ -1,0 +1,24 @@
+"""lightning_fed: federated learning on non-IID data as an ordinary PyTorch Lightning workflow."""
+
+from lightning_fed.aggregators import Aggregator, FedAvg
+from lightning_fed.callbacks import FedCallback, ParameterPenalty, RoundProgressBar
+from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.round import ClientDivergedError
+from lightning_fed.store import ClientStateStore
+from lightning_fed.trainer import FederatedTrainer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Aggregator",
+    "ClientContext",
+    "ClientDivergedError",
+    "ClientStateStore",
+    "ClientUpdate",
+    "FedAvg",
+    "FedCallback",
+    "FederatedTrainer",
+    "ParameterPenalty",
+    "RoundContext",
+    "RoundProgressBar",
+]

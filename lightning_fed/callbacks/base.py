@@ -1,0 +1,94 @@
+"""The hooks an algorithm plugs into."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch import Callback, LightningModule
+from torch import Tensor
+from torch.optim import Optimizer
+
+from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, StateDict
+
+if TYPE_CHECKING:
+    from lightning_fed.trainer import FederatedTrainer
+
+FED_HOOKS = (
+    "on_round_start",
+    "on_client_start",
+    "client_loss",
+    "on_client_before_optimizer_step",
+    "on_client_end",
+    "on_aggregate",
+    "on_round_end",
+    "on_client_evaluate_start",
+)
+
+
+class FedCallback(Callback):
+    """A Lightning ``Callback`` with federated hooks, called in this order each round::
+
+        on_round_start                   once, after sampling, before any client trains
+        for each sampled client:
+            on_client_start              may replace ctx.initial_params (personalisation)
+            per local step: client_loss  (added to the loss) -> backward -> on_client_before_optimizer_step
+            on_client_end                sees the ClientUpdate before the aggregator does
+        on_aggregate                     may edit the new global model in place
+        for each evaluated client:
+            on_client_evaluate_start     may replace ctx.initial_params with the personalised model
+        on_round_end                     may add entries to the round's metrics
+
+    The loop dispatches these hooks duck-typed: only callbacks that define them are called, and Lightning's own
+    hooks (``on_train_epoch_end``, ``on_validation_end``, ...) keep working beside them, with one epoch per round.
+    Per-callback state that must survive a crash goes either in ``state_dict`` (server state) or in the
+    ``ClientStateStore`` (per-client state); both are saved in the checkpoint.
+
+    Attributes:
+        supports_loss_scaling: Set to ``False`` by algorithms that count or edit optimizer steps (fp16 loss scaling
+            skips steps); the trainer then refuses ``precision="16-mixed"`` with a clear error.
+    """
+
+    supports_loss_scaling: bool = True
+
+    def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
+        """Called after the round's clients are sampled."""
+
+    def on_client_start(self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext) -> None:
+        """Called before a client trains; the module does not hold the client's start point yet."""
+
+    def client_loss(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, batch: Any, batch_idx: int
+    ) -> Tensor | None:
+        """Returns a term added to the training-step loss (e.g. an MMD on captured features), or ``None``."""
+        return None
+
+    def on_client_before_optimizer_step(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
+    ) -> None:
+        """Called after backward (and AMP unscaling), before gradient clipping and the optimizer step."""
+
+    def on_client_end(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
+    ) -> None:
+        """Called after local training; the module still holds the client's local model."""
+
+    def on_aggregate(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
+    ) -> None:
+        """Called with the aggregated model before it is loaded; edit ``new_params`` in place to change it."""
+
+    def on_round_end(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
+    ) -> None:
+        """Called after evaluation with the round's metrics; add entries to log them."""
+
+    def on_client_evaluate_start(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext
+    ) -> None:
+        """Called before a client's test split is evaluated; swap ``client_ctx.initial_params`` to personalise."""
+
+
+def overridden_hooks(callback: object, hook: str) -> bool:
+    """Whether ``callback`` defines ``hook`` with a body of its own (not FedCallback's no-op)."""
+    method = getattr(type(callback), hook, None)
+    return method is not None and method is not getattr(FedCallback, hook, None)

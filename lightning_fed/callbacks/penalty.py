@@ -1,0 +1,83 @@
+"""Penalties that depend only on the parameters, with their exact gradient injected into ``.grad``."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+from lightning.pytorch import LightningModule
+from torch import Tensor
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_fed.callbacks.base import FedCallback
+from lightning_fed.client import ClientContext
+
+if TYPE_CHECKING:
+    from lightning_fed.trainer import FederatedTrainer
+
+
+class ParameterPenalty(FedCallback):
+    r"""Base for local objectives :math:`f(w) + R(w)` where :math:`R` depends only on the parameters.
+
+    Instead of adding :math:`R` to the loss (which would cost a second graph through every parameter), the base adds
+    :math:`\nabla R(w)` to ``param.grad`` after backward, after AMP unscaling and before gradient clipping, so
+    clipping and the optimizer see the gradient of the full objective. The value of :math:`R` is logged as
+    ``"<log_name>"`` (its round mean appears as ``train/<log_name>``).
+
+    A subclass implements :meth:`penalty` and, where a closed form exists, :meth:`penalty_gradient`; without it the
+    gradient comes from autograd of :meth:`penalty`. The tensors in ``params`` are the module's live parameters
+    (``requires_grad`` ones only), keyed by ``named_parameters`` names. Anything the penalty is measured against
+    (the global model, a Fisher) must be detached: the penalty's gradient is taken with respect to ``params`` only.
+
+    Args:
+        log_name: Key the penalty value is logged under.
+        log_every_n_steps: Log the value every n local steps (it costs one extra pass over the parameters).
+    """
+
+    def __init__(self, log_name: str, log_every_n_steps: int = 1) -> None:
+        if log_every_n_steps < 1:
+            raise ValueError(f"`log_every_n_steps` must be >= 1, got {log_every_n_steps}.")
+        self.log_name = log_name
+        self.log_every_n_steps = log_every_n_steps
+
+    def is_active(self, client_ctx: ClientContext) -> bool:
+        """Whether the penalty applies to this client now (e.g. not on a first participation)."""
+        return True
+
+    @abstractmethod
+    def penalty(self, params: dict[str, Tensor], client_ctx: ClientContext) -> Tensor:
+        """The scalar :math:`R(w)` as a differentiable function of ``params``."""
+
+    def penalty_gradient(self, params: dict[str, Tensor], client_ctx: ClientContext) -> dict[str, Tensor] | None:
+        """The closed-form :math:`\\nabla R(w)` per parameter name, or ``None`` to use autograd of :meth:`penalty`."""
+        return None
+
+    def gradient(self, params: dict[str, Tensor], client_ctx: ClientContext) -> dict[str, Tensor]:
+        """The gradient that gets injected: the closed form when given, else autograd's."""
+        closed_form = self.penalty_gradient(params, client_ctx)
+        if closed_form is not None:
+            return closed_form
+        leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+        with torch.enable_grad():
+            grads = torch.autograd.grad(self.penalty(leaves, client_ctx), list(leaves.values()), allow_unused=True)
+        return {name: (g if g is not None else torch.zeros_like(p)) for (name, p), g in zip(leaves.items(), grads)}
+
+    @override
+    def on_client_before_optimizer_step(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
+    ) -> None:
+        if not self.is_active(client_ctx):
+            return
+        params = {name: p for name, p in pl_module.named_parameters() if p.requires_grad}
+        grads = self.gradient(params, client_ctx)
+        with torch.no_grad():
+            for name, grad in grads.items():
+                param = params[name]
+                if param.grad is None:
+                    param.grad = grad.to(param.dtype).clone()
+                else:
+                    param.grad.add_(grad.to(param.grad.dtype))
+            if client_ctx.num_steps % self.log_every_n_steps == 0:
+                pl_module.log(self.log_name, self.penalty({n: p.detach() for n, p in params.items()}, client_ctx))

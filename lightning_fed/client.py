@@ -1,0 +1,88 @@
+"""The data that flows through a round: what a callback sees before a round, before and after a client, and what a
+client sends back to the aggregator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from lightning_fed.store import ClientStateStore
+
+StateDict = dict[str, Tensor]
+
+
+@dataclass
+class RoundContext:
+    """One round, as callbacks see it.
+
+    Attributes:
+        round_idx: 0-based round index (equal to ``trainer.current_epoch``).
+        client_ids: The clients sampled for this round, in training order.
+        global_params: Snapshot of the global model (parameters and buffers) at the start of the round. Treat it as
+            read-only: every client of the round starts from it unless a callback swaps ``initial_params``.
+        num_samples: Training-set size of each sampled client.
+        store: Per-client state that outlives the round.
+        bytes_down: Bytes sent from server to clients this round; callbacks that send extra tensors add to it.
+        bytes_up: Bytes sent from clients to server this round; callbacks that upload extra tensors add to it.
+        rejected: Ids of clients whose update was rejected (non-finite values).
+        extras: Free-form per-round data shared between callbacks (e.g. rFedAvg+ targets).
+    """
+
+    round_idx: int
+    client_ids: list[int]
+    global_params: StateDict
+    num_samples: dict[int, int]
+    store: ClientStateStore
+    bytes_down: int = 0
+    bytes_up: int = 0
+    rejected: list[int] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ClientContext:
+    """One client's local training, as callbacks see it.
+
+    Attributes:
+        client_id: The client.
+        round_idx: The round it trains in.
+        global_params: The round's global model (shared, read-only).
+        initial_params: Where local training starts. ``on_client_start`` may replace it, e.g. with a personalised
+            model; it must hold every key of ``global_params``.
+        num_samples: The client's training-set size.
+        state: This client's entries in the client store (per callback namespace).
+        num_steps: Optimizer steps taken so far in local training.
+        extras: Free-form per-client data shared between callbacks.
+    """
+
+    client_id: int
+    round_idx: int
+    global_params: StateDict
+    initial_params: StateDict
+    num_samples: int
+    store: ClientStateStore
+    num_steps: int = 0
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ClientUpdate:
+    """What a client sends to the aggregator after local training.
+
+    Attributes:
+        client_id: The client.
+        num_samples: Training samples the client holds (the FedAvg weight).
+        num_steps: Optimizer steps actually taken.
+        params: The client's final local model (parameters and buffers, detached, on the training device).
+        metrics: Means of the values the module logged during local training (e.g. ``train_loss``).
+        extras: Extra payload for aggregators that need more than the weights (e.g. q-FedAvg's loss at w_g).
+    """
+
+    client_id: int
+    num_samples: int
+    num_steps: int
+    params: StateDict
+    metrics: dict[str, float] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)

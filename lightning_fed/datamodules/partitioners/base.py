@@ -1,0 +1,39 @@
+"""The partitioner contract: a pure function of the labels and a seed."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from torch import Tensor
+
+
+class Partitioner(ABC):
+    """Splits a labelled dataset's indices among clients.
+
+    A partitioner is a pure function of ``labels`` (and ``natural_ids`` where it uses them) and of the settings
+    given to its constructor, seed included: the same inputs always give the same partition. Constructors validate
+    their settings eagerly and name the argument to change.
+
+    Args:
+        num_partitions: Number of clients.
+        seed: Seed of every random draw the partitioner makes.
+    """
+
+    def __init__(self, num_partitions: int, seed: int = 0) -> None:
+        if not isinstance(num_partitions, int) or num_partitions < 1:
+            raise ValueError(f"`num_partitions` must be a positive integer, got {num_partitions!r}.")
+        self.num_partitions = num_partitions
+        self.seed = seed
+
+    @abstractmethod
+    def partition(self, labels: Tensor, natural_ids: Tensor | None = None) -> list[Tensor]:
+        """Returns one int64 index tensor per client, indexing into ``labels``.
+
+        Args:
+            labels: 1-D int64 tensor of class labels, one per example.
+            natural_ids: 1-D int64 tensor of natural client ids (e.g. LEAF writers), for partitioners that use them.
+        """
+
+    def __repr__(self) -> str:
+        settings = ", ".join(f"{key}={value!r}" for key, value in vars(self).items() if not key.startswith("_"))
+        return f"{type(self).__name__}({settings})"

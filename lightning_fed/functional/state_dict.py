@@ -1,0 +1,65 @@
+"""Arithmetic on model states (name -> tensor dicts of parameters and buffers)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import Tensor
+
+StateDict = dict[str, Tensor]
+
+
+def clone_state(state: Mapping[str, Tensor]) -> StateDict:
+    """Detached copies of every tensor, on their current device."""
+    return {name: tensor.detach().clone() for name, tensor in state.items()}
+
+
+@torch.no_grad()
+def copy_state_(target: Mapping[str, Tensor], source: Mapping[str, Tensor]) -> None:
+    """Copies ``source`` into the tensors of ``target`` in place (e.g. a module's live parameters).
+
+    Raises:
+        KeyError: If ``source`` lacks a key of ``target``; a partial load would silently mix two models.
+    """
+    missing = [name for name in target if name not in source]
+    if missing:
+        raise KeyError(f"The state to load lacks {len(missing)} entries of the model, e.g. {missing[:3]}.")
+    for name, tensor in target.items():
+        tensor.copy_(source[name])
+
+
+def state_nbytes(state: Mapping[str, Tensor]) -> int:
+    """Bytes needed to send every tensor of ``state``."""
+    return sum(tensor.numel() * tensor.element_size() for tensor in state.values())
+
+
+def all_finite(state: Mapping[str, Tensor]) -> bool:
+    """Whether every floating-point tensor of ``state`` is free of NaN and Inf."""
+    # One fused reduction per tensor and a single host sync at the end keeps this cheap on GPUs.
+    flags = [torch.isfinite(t).all() for t in state.values() if t.is_floating_point() or t.is_complex()]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+def is_float_entry(tensor: Tensor) -> bool:
+    """Float tensors are averaged; integer ones (``num_batches_tracked``) are copied, never averaged."""
+    return tensor.is_floating_point() or tensor.is_complex()
+
+
+def weighted_average(states: Iterable[Mapping[str, Tensor]], weights: Iterable[float]) -> StateDict:
+    """Reference formula Σ_k p_k w_k / Σ_k p_k over float entries; integer entries come from the last state.
+
+    This is the non-streaming definition that aggregators are tested against.
+    """
+    states, weights = list(states), [float(w) for w in weights]
+    if not states or len(states) != len(weights):
+        raise ValueError("`states` and `weights` must be non-empty and of the same length.")
+    total = sum(weights)
+    result: StateDict = {}
+    for name, last in states[-1].items():
+        if is_float_entry(last):
+            acc = sum(w * s[name].double() for s, w in zip(states, weights))
+            result[name] = (acc / total).to(last.dtype)
+        else:
+            result[name] = last.clone()
+    return result

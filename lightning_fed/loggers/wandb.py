@@ -1,0 +1,72 @@
+"""Weights & Biases logging that works with or without an account."""
+
+from __future__ import annotations
+
+import netrc
+import os
+from typing import Any
+from urllib.parse import urlparse
+
+from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
+
+_OFFLINE_MODES = ("offline", "disabled", "dryrun")
+
+
+def has_wandb_credentials() -> bool:
+    """Whether W&B could log online: an API key in the environment or in the user's netrc file.
+
+    ``WANDB_MODE=offline`` (or ``disabled``) wins over credentials, as it does in wandb itself.
+    """
+    if os.environ.get("WANDB_MODE", "").lower() in _OFFLINE_MODES:
+        return False
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    custom_host = urlparse(os.environ.get("WANDB_BASE_URL", "")).hostname
+    try:
+        hosts = netrc.netrc(os.environ.get("NETRC")).hosts
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+    return any("wandb" in host or host == custom_host for host in hosts)
+
+
+class WandbLogger(_LightningWandbLogger):
+    """Lightning's ``WandbLogger`` that falls back to an offline run when the user has no W&B credentials.
+
+    Offline runs keep everything in the local run directory; ``wandb sync <dir>`` uploads them later. Pass
+    ``offline=True/False`` to decide explicitly.
+
+    Args:
+        offline: ``None`` (default) logs online when credentials are found, offline otherwise.
+        args: Forwarded to :class:`lightning.pytorch.loggers.WandbLogger`.
+        kwargs: Forwarded to :class:`lightning.pytorch.loggers.WandbLogger`.
+    """
+
+    def __init__(self, *args: Any, offline: bool | None = None, **kwargs: Any) -> None:
+        if offline is None:
+            offline = not has_wandb_credentials()
+        super().__init__(*args, offline=offline, **kwargs)
+
+
+def wandb_loggers(loggers: list[Any]) -> list[_LightningWandbLogger]:
+    """The W&B loggers among ``loggers``."""
+    return [logger for logger in loggers if isinstance(logger, _LightningWandbLogger)]
+
+
+def define_round_axis(logger: _LightningWandbLogger, prefixes: list[str]) -> None:
+    """Plots every ``<prefix>/*`` metric against ``round`` instead of the global step."""
+    experiment = logger.experiment
+    experiment.define_metric("round")
+    for prefix in prefixes:
+        experiment.define_metric(f"{prefix}/*", step_metric="round")
+
+
+def log_image(logger: _LightningWandbLogger, key: str, path: str, caption: str | None = None) -> None:
+    import wandb
+
+    logger.experiment.log({key: wandb.Image(path, caption=caption)})
+
+
+def log_table(logger: _LightningWandbLogger, key: str, columns: list[str], rows: list[list[Any]], round_idx: int) -> None:
+    import wandb
+
+    logger.experiment.log({key: wandb.Table(columns=columns, data=rows), "round": round_idx})

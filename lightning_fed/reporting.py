@@ -1,0 +1,111 @@
+"""Where a run's artefacts go: run directory, partition plot, round metrics, per-client tables, summary JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+
+from lightning_fed.loggers.wandb import define_round_axis, log_image, log_table, wandb_loggers
+
+if TYPE_CHECKING:
+    from lightning_fed.trainer import FederatedTrainer
+
+ROUND_PREFIXES = ["global", "client", "train", "comm", "time", "clients", "personalized"]
+
+
+def resolve_run_dir(trainer: FederatedTrainer) -> Path:
+    """``trainer.run_dir`` if set, else ``<default_root_dir>/runs/<logger version or timestamp>``."""
+    if trainer.run_dir:
+        return Path(trainer.run_dir)
+    version = None
+    if trainer.loggers:
+        logger = trainer.loggers[0]
+        version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+    return Path(trainer.default_root_dir) / "runs" / (version or time.strftime("%Y%m%d-%H%M%S"))
+
+
+def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, allow_nan=True))
+    os.replace(tmp, path)
+
+
+class RunReporter:
+    """Sends a run's round-level information to every logger and to files in the run directory."""
+
+    def __init__(self, trainer: FederatedTrainer) -> None:
+        self.trainer = trainer
+        self.run_dir = resolve_run_dir(trainer)
+
+    def on_fit_start(self) -> None:
+        """Creates the run directory, sets up W&B's round axis and logs the partition."""
+        if not self.trainer.is_global_zero:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for logger in wandb_loggers(self.trainer.loggers):
+            define_round_axis(logger, ROUND_PREFIXES)
+        self._log_partition()
+
+    def _log_partition(self) -> None:
+        from lightning_fed.plots import plot_label_histogram, save_figure
+
+        datamodule = self.trainer.datamodule
+        histogram, emd = datamodule.label_histogram(), datamodule.client_emd()
+        path = save_figure(plot_label_histogram(histogram, emd), self.run_dir / "partition.png")
+        weights = histogram.sum(1).double()
+        mean_emd = float((emd.double() * weights).sum() / weights.sum())
+        for logger in self.trainer.loggers:
+            logger.log_metrics({"partition/mean_emd": mean_emd, "partition/num_clients": float(len(histogram))}, step=0)
+        for logger in wandb_loggers(self.trainer.loggers):
+            log_image(logger, "partition/label_histogram", str(path), caption=f"mean EMD {mean_emd:.3f}")
+
+    def log_round(self, metrics: dict[str, float]) -> None:
+        """Logs a round's metrics at the current global step; W&B plots them against ``round``."""
+        finite = {key: value for key, value in metrics.items() if not math.isnan(value)}
+        for logger in self.trainer.loggers:
+            logger.log_metrics(finite, step=self.trainer.global_step)
+
+    def log_client_table(self, round_number: int, per_client: dict[int, dict[str, float]]) -> None:
+        """A per-client results table (W&B), one row per evaluated client."""
+        if not per_client:
+            return
+        keys = sorted({key for metrics in per_client.values() for key in metrics})
+        datamodule = self.trainer.datamodule
+        columns = ["client", "num_train_samples", *keys]
+        rows = [[cid, datamodule.client_num_samples(cid), *(m.get(k, float("nan")) for k in keys)] for cid, m in sorted(per_client.items())]
+        for logger in wandb_loggers(self.trainer.loggers):
+            log_table(logger, "client/results", columns, rows, round_number)
+
+    def write_summary(self, per_client: dict[int, dict[str, float]]) -> Path:
+        """Writes ``summary.json``: final metrics, per-round history, wall time and bytes."""
+        state = self.trainer.federation_state
+        datamodule = self.trainer.datamodule
+        emd = datamodule.client_emd()
+        weights = datamodule.label_histogram().sum(1).double()
+        payload = {
+            "num_rounds": self.trainer.num_rounds,
+            "completed_rounds": state.completed_rounds,
+            "seed": state.seed,
+            "final": state.history[-1] if state.history else {},
+            "history": state.history,
+            "wall_time_s": state.wall_time_s,
+            "bytes_up": state.bytes_up,
+            "bytes_down": state.bytes_down,
+            "rejected_clients_total": state.rejected_total,
+            "num_clients": datamodule.num_clients,
+            "mean_emd": float((emd.double() * weights).sum() / weights.sum()),
+            "final_client_metrics": {str(cid): metrics for cid, metrics in sorted(per_client.items())},
+            "run_dir": str(self.run_dir),
+        }
+        path = self.run_dir / "summary.json"
+        _write_json_atomic(path, payload)
+        return path
+
+
+__all__ = ["RunReporter", "resolve_run_dir"]

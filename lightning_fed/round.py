@@ -1,0 +1,201 @@
+"""One federated round: sample, train each client, aggregate, evaluate."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.pytorch import LightningModule
+from torch.optim import Optimizer
+
+from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, StateDict
+from lightning_fed.evaluation import accuracy_key, client_statistics, evaluate
+from lightning_fed.functional.state_dict import all_finite, clone_state, copy_state_, state_nbytes
+from lightning_fed.local_training import LocalTrainer
+from lightning_fed.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from lightning_fed.trainer import FederatedTrainer
+
+
+class ClientDivergedError(FloatingPointError):
+    """Raised when a client's update is not finite and ``on_client_divergence="raise"``."""
+
+
+class RoundRunner:
+    """Runs the rounds of a fit on the trainer's module, with the trainer's settings and state.
+
+    The module holds the global model between rounds; during a round it is loaded with each client's start point
+    in turn, trained in place, and finally loaded with the aggregate. Everything random is drawn from seeds derived
+    from ``(run seed, purpose, round, client)``, so a round does not depend on the rounds before it or on where it
+    runs, and a resumed run is bit-identical.
+    """
+
+    def __init__(self, trainer: FederatedTrainer, module: LightningModule, count_step: Any) -> None:
+        self.trainer = trainer
+        self.module = module
+        self.datamodule = trainer.datamodule
+        self.local = LocalTrainer(trainer, module, count_step)
+        self.live: StateDict = module.state_dict(keep_vars=True)
+        self._test_loader = None
+        self._client_test_loaders: dict[int, Any] = {}
+        self.last_client_metrics: dict[int, dict[str, float]] = {}
+
+    @property
+    def state(self) -> Any:
+        return self.trainer.federation_state
+
+    def dispatch(self, hook: str, *args: Any) -> None:
+        for callback in self.trainer.callbacks:
+            method = getattr(callback, hook, None)
+            if callable(method):
+                method(self.trainer, self.module, *args)
+
+    def run(self, round_idx: int) -> dict[str, float]:
+        """Trains, aggregates and evaluates round ``round_idx``; returns its metrics (validation not included)."""
+        start = time.perf_counter()
+        trainer, dm = self.trainer, self.datamodule
+        client_ids = trainer.sampler.sample(round_idx, dm.num_clients)
+        global_params = clone_state(self.live)
+        round_ctx = RoundContext(
+            round_idx=round_idx,
+            client_ids=client_ids,
+            global_params=global_params,
+            num_samples={cid: dm.client_num_samples(cid) for cid in client_ids},
+            store=self.state.store,
+        )
+        self.dispatch("on_round_start", round_ctx)
+        trainer.aggregator.reset(global_params, round_ctx)
+        train_metrics: list[dict[str, float]] = []
+        for client_id in client_ids:
+            update = self._train_client(round_ctx, client_id)
+            if update is not None:
+                train_metrics.append(update.metrics)
+        new_params = trainer.aggregator.compute(global_params)
+        self.dispatch("on_aggregate", round_ctx, new_params)
+        copy_state_(self.live, new_params)
+        metrics = self._round_metrics(round_ctx, train_metrics)
+        metrics.update(self._evaluate(round_idx, client_ids))
+        metrics["time/round_s"] = time.perf_counter() - start
+        self.last_round_ctx = round_ctx
+        return metrics
+
+    def _train_client(self, round_ctx: RoundContext, client_id: int) -> ClientUpdate | None:
+        trainer, seed = self.trainer, self.state.seed
+        ctx = ClientContext(
+            client_id=client_id,
+            round_idx=round_ctx.round_idx,
+            global_params=round_ctx.global_params,
+            initial_params=round_ctx.global_params,
+            num_samples=round_ctx.num_samples[client_id],
+            store=round_ctx.store,
+        )
+        self.dispatch("on_client_start", ctx)
+        copy_state_(self.live, ctx.initial_params)
+        torch.manual_seed(derive_seed(seed, "torch", round_ctx.round_idx, client_id))
+        loader = self.datamodule.client_dataloader(client_id, seed=derive_seed(seed, "data", round_ctx.round_idx, client_id))
+        optimizer = self._client_optimizer(client_id)
+        metrics = self.local.fit_client(ctx, loader, optimizer, trainer.local_epochs, trainer.local_steps)
+        update = ClientUpdate(client_id, ctx.num_samples, ctx.num_steps, clone_state(self.live), metrics)
+        round_ctx.bytes_down += state_nbytes(ctx.initial_params)
+        round_ctx.bytes_up += state_nbytes(update.params)
+        if trainer.keep_optimizer_state:
+            self.state.store.put("optimizer", client_id, optimizer.state_dict()["state"])
+        if not all_finite(update.params):
+            return self._reject(round_ctx, client_id)
+        self.dispatch("on_client_end", ctx, update)
+        trainer.aggregator.update(update)
+        return update
+
+    def _reject(self, round_ctx: RoundContext, client_id: int) -> None:
+        round_ctx.rejected.append(client_id)
+        message = (
+            f"Client {client_id} diverged in round {round_ctx.round_idx}: its update holds NaN or Inf."
+        )
+        if self.trainer.on_client_divergence == "raise":
+            raise ClientDivergedError(
+                f"{message} Lower the learning rate, clip gradients (`gradient_clip_val`), or set"
+                " `on_client_divergence='skip'` to drop such clients from the aggregate."
+            )
+        self.trainer.print(f"[lightning_fed] {message} It was left out of the aggregate.")
+        return None
+
+    def _client_optimizer(self, client_id: int) -> Optimizer:
+        """The trainer's optimizer, with fresh state (or the client's own state when it is kept)."""
+        optimizer = self.trainer.optimizers[0]
+        optimizer.state.clear()
+        stored = self.state.store.get("optimizer", client_id) if self.trainer.keep_optimizer_state else None
+        if stored is not None:
+            optimizer.load_state_dict({"state": stored, "param_groups": optimizer.state_dict()["param_groups"]})
+        return optimizer
+
+    def _round_metrics(self, round_ctx: RoundContext, train_metrics: list[dict[str, float]]) -> dict[str, float]:
+        state = self.state
+        state.bytes_up += round_ctx.bytes_up
+        state.bytes_down += round_ctx.bytes_down
+        state.rejected_total += len(round_ctx.rejected)
+        metrics: dict[str, float] = {
+            "round": float(round_ctx.round_idx + 1),
+            "comm/bytes_up": float(state.bytes_up),
+            "comm/bytes_down": float(state.bytes_down),
+            "clients/sampled": float(len(round_ctx.client_ids)),
+            "clients/rejected": float(len(round_ctx.rejected)),
+        }
+        for key in sorted({k for m in train_metrics for k in m}):
+            values = [m[key] for m in train_metrics if key in m]
+            name = key.removeprefix("train_").removeprefix("train/")
+            metrics[f"train/{name}"] = sum(values) / len(values)
+        return metrics
+
+    def _evaluate(self, round_idx: int, sampled: list[int]) -> dict[str, float]:
+        trainer, dm = self.trainer, self.datamodule
+        is_last = round_idx + 1 == trainer.num_rounds
+        metrics: dict[str, float] = {}
+        if trainer.eval_every_n_rounds and ((round_idx + 1) % trainer.eval_every_n_rounds == 0 or is_last):
+            if self._test_loader is None:
+                self._test_loader = dm.test_dataloader()
+            result = evaluate(trainer, self.module, self._test_loader, self.local.buffer)
+            metrics.update({f"global/{key}": value for key, value in result.items()})
+        every = trainer.client_eval_every_n_rounds
+        if trainer.client_eval != "none" and every and ((round_idx + 1) % every == 0 or is_last):
+            client_ids = list(range(dm.num_clients)) if trainer.client_eval == "all" else sampled
+            self.last_client_metrics = self._evaluate_clients(round_idx, client_ids)
+            metrics.update(client_statistics(self.last_client_metrics))
+        return metrics
+
+    def _evaluate_clients(self, round_idx: int, client_ids: list[int]) -> dict[int, dict[str, float]]:
+        global_params = None
+        results: dict[int, dict[str, float]] = {}
+        for client_id in client_ids:
+            loader = self._client_test_loader(client_id)
+            if loader is None:
+                continue
+            if global_params is None:
+                global_params = clone_state(self.live)
+            ctx = ClientContext(client_id, round_idx, global_params, global_params, self.datamodule.client_num_samples(client_id), self.state.store)
+            self.dispatch("on_client_evaluate_start", ctx)
+            personalised = ctx.initial_params is not global_params
+            if personalised:
+                copy_state_(self.live, ctx.initial_params)
+            results[client_id] = evaluate(self.trainer, self.module, loader, self.local.buffer)
+            if personalised:
+                copy_state_(self.live, global_params)
+        return results
+
+    def _client_test_loader(self, client_id: int) -> Any:
+        if client_id not in self._client_test_loaders:
+            self._client_test_loaders[client_id] = self.datamodule.client_test_dataloader(client_id)
+        return self._client_test_loaders[client_id]
+
+    @staticmethod
+    def headline(metrics: dict[str, float]) -> dict[str, float]:
+        """The global and mean per-client accuracy, for progress display and the final printout."""
+        shown: dict[str, float] = {}
+        global_key = accuracy_key({k: v for k, v in metrics.items() if k.startswith("global/")})
+        client_key = accuracy_key({k: v for k, v in metrics.items() if k.startswith("client/") and k.endswith("_mean")})
+        if global_key:
+            shown[global_key] = metrics[global_key]
+        if client_key:
+            shown[client_key] = metrics[client_key]
+        return shown

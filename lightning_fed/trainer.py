@@ -1,0 +1,189 @@
+"""``FederatedTrainer``: a Lightning ``Trainer`` whose epochs are federated rounds."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
+
+from lightning_fed.aggregators import Aggregator, FedAvg
+from lightning_fed.callbacks.progress import RoundProgressBar
+from lightning_fed.loop import install_round_loop
+from lightning_fed.reporting import RunReporter
+from lightning_fed.round import RoundRunner
+from lightning_fed.sampling import UniformClientSampler
+from lightning_fed.state import FederationState
+from lightning_fed.validation import check_fit_setup, check_module_setup, check_round_settings
+
+_EPOCH_ARGS = ("max_epochs", "min_epochs", "max_steps", "min_steps", "max_time")
+
+
+class FederatedTrainer(Trainer):
+    """Trains an unmodified ``LightningModule`` with federated learning, one round per epoch.
+
+    Each round samples clients, trains each on its own data from the global model (``local_epochs`` passes or
+    ``local_steps`` optimizer steps, with the optimizer from ``configure_optimizers`` and fresh state per client),
+    aggregates the client models with ``aggregator``, evaluates the global model on the global test set and every
+    client's model on its own test split, runs Lightning's validation loop, and logs the round. Epoch-level
+    Lightning features mean "round": ``current_epoch``, ``on_train_epoch_end``, ``ModelCheckpoint``,
+    ``EarlyStopping``, ``check_val_every_n_epoch`` and epoch-interval LR schedulers.
+
+    Args:
+        num_rounds: Number of rounds (Lightning's ``max_epochs``).
+        clients_per_round: Clients sampled per round: a count, or a fraction of the registered clients.
+        local_epochs: Local passes over a client's data (default 1 when ``local_steps`` is not set).
+        local_steps: Local optimizer steps per client instead of epochs.
+        aggregator: How client models are combined; default :class:`~lightning_fed.aggregators.FedAvg`.
+        eval_every_n_rounds: Evaluate the global model on the global test set every n rounds (0: never; the last
+            round is always evaluated).
+        client_eval: Which clients' test splits to evaluate: ``"all"``, the round's ``"sampled"`` ones, or
+            ``"none"``.
+        client_eval_every_n_rounds: Per-client evaluation period in rounds.
+        client_table_every_n_rounds: Log a per-client results ``wandb.Table`` every n rounds (0: never).
+        on_client_divergence: ``"skip"`` leaves a client with a NaN/Inf update out of the aggregate and counts it;
+            ``"raise"`` stops the run with :class:`~lightning_fed.round.ClientDivergedError`.
+        keep_optimizer_state: Keep each client's optimizer state (e.g. momentum) in the client store between its
+            participations, instead of starting every client from fresh state.
+        seed: Run seed for client sampling, data order and per-client RNG; defaults to the seed given to
+            ``seed_everything`` (0 if none).
+        run_dir: Where the summary JSON and plots go; default ``<default_root_dir>/runs/<logger version>``.
+        kwargs: Any other ``lightning.pytorch.Trainer`` argument (callbacks, logger, precision,
+            gradient_clip_val, accelerator, ...).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_rounds: int = 10,
+        clients_per_round: int | float = 1.0,
+        local_epochs: int | None = None,
+        local_steps: int | None = None,
+        aggregator: Aggregator | None = None,
+        eval_every_n_rounds: int = 1,
+        client_eval: Literal["all", "sampled", "none"] = "all",
+        client_eval_every_n_rounds: int = 1,
+        client_table_every_n_rounds: int = 5,
+        on_client_divergence: Literal["skip", "raise"] = "skip",
+        keep_optimizer_state: bool = False,
+        seed: int | None = None,
+        run_dir: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        check_round_settings(
+            num_rounds, local_epochs, local_steps, eval_every_n_rounds, client_eval, client_eval_every_n_rounds,
+            client_table_every_n_rounds, on_client_divergence,
+        )
+        for name in _EPOCH_ARGS:
+            if kwargs.get(name) is not None:
+                raise ValueError(f"`{name}` is not used by FederatedTrainer: set `num_rounds` (one epoch per round).")
+            kwargs.pop(name, None)
+        self.num_rounds = num_rounds
+        self.local_epochs = local_epochs if local_epochs is not None or local_steps is not None else 1
+        self.local_steps = local_steps
+        self.aggregator = aggregator if aggregator is not None else FedAvg()
+        self.sampler = UniformClientSampler(clients_per_round)
+        self.eval_every_n_rounds = eval_every_n_rounds
+        self.client_eval = client_eval
+        self.client_eval_every_n_rounds = client_eval_every_n_rounds
+        self.client_table_every_n_rounds = client_table_every_n_rounds
+        self.on_client_divergence = on_client_divergence
+        self.keep_optimizer_state = keep_optimizer_state
+        self.seed = seed
+        self.run_dir = run_dir
+        self.federation_state = FederationState()
+        self._restored = False
+        self._reporter: RunReporter | None = None
+        kwargs["callbacks"] = self._default_callbacks(kwargs)
+        super().__init__(max_epochs=num_rounds, **kwargs)
+        install_round_loop(self)
+
+    def _default_callbacks(self, kwargs: dict[str, Any]) -> list[Callback]:
+        callbacks = kwargs.get("callbacks") or []
+        callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
+        if kwargs.get("enable_progress_bar", True) and not any(isinstance(cb, ProgressBar) for cb in callbacks):
+            callbacks.append(RoundProgressBar())
+        if kwargs.get("enable_checkpointing", True) and not any(isinstance(cb, ModelCheckpoint) for cb in callbacks):
+            root = kwargs.get("default_root_dir") or os.getcwd()
+            callbacks.append(
+                ModelCheckpoint(dirpath=os.path.join(root, "checkpoints"), save_last=True, save_top_k=0, save_on_train_epoch_end=True)
+            )
+        return callbacks
+
+    def fit(
+        self,
+        model: LightningModule,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
+        datamodule: LightningDataModule | None = None,
+        ckpt_path: str | Path | None = None,
+        weights_only: bool | None = None,
+    ) -> None:
+        """Runs the federated rounds. Checkpoints are loaded with ``weights_only=True`` unless told otherwise."""
+        if datamodule is None and isinstance(train_dataloaders, LightningDataModule):
+            datamodule, train_dataloaders = train_dataloaders, None
+        check_fit_setup(datamodule, train_dataloaders, val_dataloaders)
+        self._restored = ckpt_path is not None
+        super().fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True if weights_only is None else weights_only)
+        if self._reporter is not None and self.is_global_zero:
+            self._print_final()
+
+    def _start_federation(self, count_step: Any) -> RoundRunner:
+        """Called by the round loop before its first round in this process (after any checkpoint is restored)."""
+        module = self.lightning_module
+        check_module_setup(self, module)
+        if not self._restored or self.federation_state.completed_rounds == 0:
+            self.federation_state.seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+        self.sampler.seed = self.federation_state.seed
+        self.sampler.num_sampled(self.datamodule.num_clients)
+        self._reporter = RunReporter(self)
+        self._reporter.on_fit_start()
+        self._runner = RoundRunner(self, module, count_step)
+        return self._runner
+
+    def _finish_round(self, metrics: dict[str, float]) -> None:
+        """Merges validation metrics, runs ``on_round_end``, records and logs the round."""
+        state = self.federation_state
+        state.wall_time_s += metrics["time/round_s"]
+        for key, value in self.callback_metrics.items():
+            if "val" in key and isinstance(value, torch.Tensor) and value.numel() == 1:
+                metrics[key] = float(value)
+        self._runner.dispatch("on_round_end", self._runner.last_round_ctx, metrics)
+        state.history.append(metrics)
+        self.callback_metrics.update({key: torch.tensor(value) for key, value in metrics.items()})
+        assert self._reporter is not None
+        self._reporter.log_round(metrics)
+        round_number = int(metrics["round"])
+        every = self.client_table_every_n_rounds
+        if every and (round_number % every == 0 or round_number == self.num_rounds):
+            self._reporter.log_client_table(round_number, self._runner.last_client_metrics)
+        if self.is_global_zero:
+            self.summary_path = self._reporter.write_summary(self._runner.last_client_metrics)
+
+    def _print_final(self) -> None:
+        history = self.federation_state.history
+        if not history:
+            return
+        shown = RoundRunner.headline(history[-1])
+        text = ", ".join(f"{key}={value:.4f}" for key, value in shown.items()) or "no accuracy logged"
+        self.print(f"[lightning_fed] final after {len(history)} rounds: {text}")
+        assert self._reporter is not None
+        self.print(f"[lightning_fed] run directory: {self._reporter.run_dir}")
+        self.print(f"[lightning_fed] summary: {self.summary_path}")
+
+    def federated_state_dict(self) -> dict[str, Any]:
+        """Everything federated that a checkpoint must hold (saved inside the loop state)."""
+        return {
+            "state": self.federation_state.state_dict(),
+            "aggregator": self.aggregator.state_dict(),
+            "sampler": self.sampler.state_dict(),
+        }
+
+    def load_federated_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.federation_state.load_state_dict(state_dict["state"])
+        self.aggregator.load_state_dict(state_dict["aggregator"])
+        self.sampler.load_state_dict(state_dict["sampler"])
+        self._restored = True
