@@ -108,8 +108,13 @@ class FederatedTrainer(Trainer):
             callbacks.append(RoundProgressBar())
         if kwargs.get("enable_checkpointing", True) and not any(isinstance(cb, ModelCheckpoint) for cb in callbacks):
             root = kwargs.get("default_root_dir") or os.getcwd()
+            # Lightning 2.6 writes `last` only alongside a top-k save; keeping the newest one and linking `last` to it
+            # costs one checkpoint write per round, and `--ckpt_path last` resumes from it.
             callbacks.append(
-                ModelCheckpoint(dirpath=os.path.join(root, "checkpoints"), save_last=True, save_top_k=0, save_on_train_epoch_end=True)
+                ModelCheckpoint(
+                    dirpath=os.path.join(root, "checkpoints"), filename="round{epoch:04d}", auto_insert_metric_name=False, save_top_k=1, save_last="link",
+                    save_on_train_epoch_end=True,
+                )
             )
         return callbacks
 

@@ -1,0 +1,136 @@
+"""Small modules, data and recorders shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightning_fed import FedCallback, FederatedTrainer
+from lightning_fed.datamodules import DatasetFederated, IidPartitioner
+from lightning_fed.datamodules.partitioners.base import Partitioner
+from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset
+
+NUM_FEATURES = 8
+NUM_CLASSES = 4
+
+
+def make_tensors(num_samples: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(num_samples, NUM_FEATURES, generator=generator)
+    labels = (inputs[:, 0] > 0).long() + 2 * (inputs[:, 1] > 0).long()
+    return inputs, labels
+
+
+def make_datamodule(
+    num_clients: int = 4,
+    num_samples: int = 400,
+    partitioner: Partitioner | None = None,
+    batch_size: int = 16,
+    **kwargs: Any,
+) -> DatasetFederated:
+    train = TensorClassificationDataset(*make_tensors(num_samples, seed=0))
+    test = TensorClassificationDataset(*make_tensors(200, seed=1))
+    partitioner = partitioner or IidPartitioner(num_partitions=num_clients, seed=0)
+    return DatasetFederated(train, test, NUM_CLASSES, partitioner, batch_size=batch_size, **kwargs)
+
+
+class BoringClassifier(L.LightningModule):
+    """An MLP classifier that logs like a typical user module; optional BatchNorm (float and int buffers)."""
+
+    def __init__(self, lr: float = 0.1, batch_norm: bool = False, dropout: float = 0.0, momentum: float = 0.0) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Linear(NUM_FEATURES, 16)]
+        if batch_norm:
+            layers.append(nn.BatchNorm1d(16))
+        layers += [nn.ReLU(), nn.Dropout(dropout), nn.Linear(16, NUM_CLASSES)]
+        self.net = nn.Sequential(*layers)
+        self.lr = lr
+        self.momentum = momentum
+        self.poison = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        if self.poison:
+            loss = loss * float("nan")
+        self.log("train_loss", loss)
+        return loss
+
+    def _eval(self, batch: Any, stage: str) -> None:
+        x, y = batch
+        logits = self(x)
+        self.log(f"{stage}_loss", F.cross_entropy(logits, y))
+        self.log(f"{stage}_acc", (logits.argmax(1) == y).float().mean())
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._eval(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._eval(batch, "test")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+
+
+class HookRecorder(FedCallback):
+    """Records the federated and Lightning hooks it sees, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self.calls.append(("on_train_epoch_start", trainer.current_epoch))
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self.calls.append(("on_train_epoch_end", trainer.current_epoch))
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if not trainer.sanity_checking:
+            self.calls.append(("on_validation_end", trainer.current_epoch))
+
+    def on_round_start(self, trainer: Any, pl_module: Any, round_ctx: Any) -> None:
+        self.calls.append(("on_round_start", round_ctx.round_idx))
+
+    def on_client_start(self, trainer: Any, pl_module: Any, client_ctx: Any) -> None:
+        self.calls.append(("on_client_start", client_ctx.round_idx, client_ctx.client_id))
+
+    def on_client_end(self, trainer: Any, pl_module: Any, client_ctx: Any, update: Any) -> None:
+        self.calls.append(("on_client_end", client_ctx.round_idx, client_ctx.client_id))
+
+    def on_aggregate(self, trainer: Any, pl_module: Any, round_ctx: Any, new_params: Any) -> None:
+        self.calls.append(("on_aggregate", round_ctx.round_idx))
+
+    def on_client_evaluate_start(self, trainer: Any, pl_module: Any, client_ctx: Any) -> None:
+        self.calls.append(("on_client_evaluate_start", client_ctx.round_idx, client_ctx.client_id))
+
+    def on_round_end(self, trainer: Any, pl_module: Any, round_ctx: Any, metrics: Any) -> None:
+        self.calls.append(("on_round_end", round_ctx.round_idx))
+
+
+def fast_trainer(tmp_path: Any, **kwargs: Any) -> FederatedTrainer:
+    """A quiet CPU trainer writing under ``tmp_path``."""
+    defaults: dict[str, Any] = dict(
+        num_rounds=2,
+        clients_per_round=2,
+        default_root_dir=str(tmp_path),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+    )
+    defaults.update(kwargs)
+    return FederatedTrainer(**defaults)
+
+
+def global_weights(module: L.LightningModule) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}

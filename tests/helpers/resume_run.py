@@ -1,0 +1,97 @@
+"""A run that can kill itself (SIGKILL) mid-round and resume from `last`; used by the resume tests.
+
+Usage: python resume_run.py ROOT OUT [--kill-round R --kill-client-index I] [--resume]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+import lightning.pytorch as L
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from helpers.boring import BoringClassifier, make_datamodule  # noqa: E402
+from lightning_fed import FedCallback, FederatedTrainer  # noqa: E402
+
+
+class Killer(FedCallback):
+    """SIGKILLs the process when the given client of the given round has finished training."""
+
+    def __init__(self, round_idx: int, client_index: int) -> None:
+        self.round_idx, self.client_index = round_idx, client_index
+        self.seen = 0
+
+    def on_round_start(self, trainer, pl_module, round_ctx):
+        self.seen = 0
+
+    def on_client_end(self, trainer, pl_module, client_ctx, update):
+        if client_ctx.round_idx == self.round_idx and self.seen == self.client_index:
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.seen += 1
+
+
+class Counter(FedCallback):
+    """Stateful in both places a callback can keep state: its own state_dict and the client store."""
+
+    def __init__(self) -> None:
+        self.clients_seen = 0
+        self.rounds_run_here = 0  # not checkpointed: tells whether a resume really skipped finished rounds
+
+    def on_round_start(self, trainer, pl_module, round_ctx):
+        self.rounds_run_here += 1
+
+    def on_client_end(self, trainer, pl_module, client_ctx, update):
+        self.clients_seen += 1
+        visits = client_ctx.store.get("counter", client_ctx.client_id, {"visits": torch.zeros(())})["visits"]
+        client_ctx.store.put("counter", client_ctx.client_id, {"visits": visits + 1})
+
+    def on_round_end(self, trainer, pl_module, round_ctx, metrics):
+        metrics["counter/clients_seen"] = float(self.clients_seen)
+
+    def state_dict(self):
+        return {"clients_seen": self.clients_seen}
+
+    def load_state_dict(self, state_dict):
+        self.clients_seen = state_dict["clients_seen"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("root")
+    parser.add_argument("out")
+    parser.add_argument("--kill-round", type=int, default=-1)
+    parser.add_argument("--kill-client-index", type=int, default=0)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    L.seed_everything(0)
+    module = BoringClassifier(lr=0.1, momentum=0.9, batch_norm=True, dropout=0.2)
+    datamodule = make_datamodule(num_clients=5, val_fraction=0.1)
+    counter = Counter()
+    trainer = FederatedTrainer(
+        num_rounds=4, clients_per_round=3, local_epochs=2, keep_optimizer_state=True,
+        callbacks=[counter, Killer(args.kill_round, args.kill_client_index)],
+        default_root_dir=args.root, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu", devices=1,
+    )
+    trainer.fit(module, datamodule=datamodule, ckpt_path="last" if args.resume else None)
+    torch.save(
+        {
+            "weights": module.state_dict(),
+            "history": trainer.federation_state.history,
+            "store": trainer.federation_state.store.state_dict(),
+            "clients_seen": counter.clients_seen,
+            "rounds_run_here": counter.rounds_run_here,
+        },
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Canaries for the private Lightning API that lightning_fed/loop.py relies on.
+
+If one fails after a Lightning upgrade, the round loop must be adapted before anything else is trusted.
+"""
+
+import inspect
+
+import lightning
+from lightning.pytorch import Trainer
+from lightning.pytorch.loops.fit_loop import _FitLoop
+from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+from packaging.version import Version
+
+
+def test_lightning_is_a_supported_version():
+    assert Version("2.6") <= Version(lightning.__version__) < Version("2.7")
+
+
+def test_fit_loop_runs_the_epoch_loop_with_a_data_fetcher():
+    source = inspect.getsource(_FitLoop.advance)
+    assert "self.epoch_loop.run(self._data_fetcher)" in source
+    assert "_num_ready_batches_reached" in inspect.getsource(_FitLoop.on_advance_end)
+    assert 'update_lr_schedulers("epoch"' in inspect.getsource(_FitLoop.on_advance_end)
+
+
+def test_epoch_loop_internals_the_round_loop_uses():
+    trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    loop = trainer.fit_loop.epoch_loop
+    assert isinstance(loop, _TrainingEpochLoop)
+    assert inspect.signature(_TrainingEpochLoop.__init__).parameters.keys() >= {"trainer", "min_steps", "max_steps"}
+    for name in ("val_loop", "batch_progress", "automatic_optimization", "_batches_that_stepped"):
+        assert hasattr(loop, name), name
+    assert callable(loop._should_check_val_epoch)
+    step = loop.automatic_optimization.optim_progress.optimizer.step
+    before = loop.global_step
+    step.increment_ready()
+    step.increment_completed()
+    assert loop.global_step == before + 1
+    progress = loop.batch_progress
+    for method in ("increment_ready", "increment_started", "increment_processed", "increment_completed"):
+        assert callable(getattr(progress, method)), method
+    assert hasattr(progress, "is_last_batch")
+
+
+def test_loop_state_dict_nests_child_loop_checkpoint_state():
+    trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    state = trainer.fit_loop.state_dict()
+    assert "epoch_loop.state_dict" in state
+    assert "on_save_checkpoint" in inspect.getsource(type(trainer.fit_loop.epoch_loop).state_dict)

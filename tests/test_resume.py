@@ -1,0 +1,55 @@
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).parent / "helpers" / "resume_run.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=240)
+
+
+def _assert_identical(resumed: dict, reference: dict) -> None:
+    for name, tensor in reference["weights"].items():
+        assert torch.equal(resumed["weights"][name], tensor), f"{name} differs after resume"
+    assert resumed["clients_seen"] == reference["clients_seen"]
+    stripped = [{k: v for k, v in entry.items() if not k.startswith("time/")} for entry in resumed["history"]]
+    assert stripped == [{k: v for k, v in entry.items() if not k.startswith("time/")} for entry in reference["history"]]
+    assert torch.equal(resumed["store"]["counter"]["0"]["visits"], reference["store"]["counter"]["0"]["visits"])
+    assert resumed["store"]["optimizer"].keys() == reference["store"]["optimizer"].keys()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("uninterrupted")
+    done = _run(str(root), str(root / "out.pt"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(root / "out.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("kill_round, client_index", [(0, 1), (1, 0), (3, 2)])
+def test_sigkilled_run_resumes_bit_identical(tmp_path, reference, kill_round, client_index):
+    killed = _run(str(tmp_path), str(tmp_path / "never.pt"), "--kill-round", str(kill_round),
+                  "--kill-client-index", str(client_index))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert not (tmp_path / "never.pt").exists()
+    resumed = _run(str(tmp_path), str(tmp_path / "out.pt"), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    result = torch.load(tmp_path / "out.pt", weights_only=True)
+    # Killed in round k, the last checkpoint holds rounds 0..k-1: only rounds k.. run again.
+    assert result["rounds_run_here"] == 4 - kill_round
+    _assert_identical(result, reference)
+
+
+def test_checkpoint_loads_with_weights_only(tmp_path, reference):
+    killed = _run(str(tmp_path), str(tmp_path / "never.pt"), "--kill-round", "1", "--kill-client-index", "0")
+    assert killed.returncode == -signal.SIGKILL
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)  # links to round0000.ckpt
+    federated = checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]["federated"]
+    assert federated["state"]["completed_rounds"] == 1
+    assert set(federated["state"]["store"]) == {"counter", "optimizer"}
+    assert federated["sampler"]["seed"] == 0
