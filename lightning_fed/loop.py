@@ -41,6 +41,9 @@ class _RoundLoop(_TrainingEpochLoop):
             trainer.federation_state.completed_rounds = round_idx + 1
         self._mark_epoch_finished()
         if metrics is not None:
+            # As Lightning's epoch loop does after its last batch: non-plateau epoch schedulers step before
+            # validation; the fit loop steps plateau schedulers after it, once the monitored metric exists.
+            self.update_lr_schedulers("epoch", update_plateau_schedulers=False)
             self._validate()
             trainer._finish_round(metrics)
 

@@ -19,7 +19,8 @@ from lightning_fed.sampling import UniformClientSampler
 from lightning_fed.state import FederationState
 from lightning_fed.validation import check_fit_setup, check_module_setup, check_round_settings
 
-_EPOCH_ARGS = ("max_epochs", "min_epochs", "max_steps", "min_steps", "max_time")
+# Trainer arguments that num_rounds replaces, with the defaults that LightningCLI passes along.
+_EPOCH_ARGS = {"max_epochs": None, "min_epochs": None, "max_steps": -1, "min_steps": None, "max_time": None}
 
 
 class FederatedTrainer(Trainer):
@@ -77,8 +78,8 @@ class FederatedTrainer(Trainer):
             num_rounds, local_epochs, local_steps, eval_every_n_rounds, client_eval, client_eval_every_n_rounds,
             client_table_every_n_rounds, on_client_divergence,
         )
-        for name in _EPOCH_ARGS:
-            if kwargs.get(name) is not None:
+        for name, default in _EPOCH_ARGS.items():
+            if kwargs.get(name, default) != default:
                 raise ValueError(f"`{name}` is not used by FederatedTrainer: set `num_rounds` (one epoch per round).")
             kwargs.pop(name, None)
         self.num_rounds = num_rounds
@@ -104,9 +105,10 @@ class FederatedTrainer(Trainer):
     def _default_callbacks(self, kwargs: dict[str, Any]) -> list[Callback]:
         callbacks = kwargs.get("callbacks") or []
         callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
-        if kwargs.get("enable_progress_bar", True) and not any(isinstance(cb, ProgressBar) for cb in callbacks):
+        # LightningCLI passes None for "Lightning's default", which is on.
+        if kwargs.get("enable_progress_bar") is not False and not any(isinstance(cb, ProgressBar) for cb in callbacks):
             callbacks.append(RoundProgressBar())
-        if kwargs.get("enable_checkpointing", True) and not any(isinstance(cb, ModelCheckpoint) for cb in callbacks):
+        if kwargs.get("enable_checkpointing") is not False and not any(isinstance(cb, ModelCheckpoint) for cb in callbacks):
             root = kwargs.get("default_root_dir") or os.getcwd()
             # Lightning 2.6 writes `last` only alongside a top-k save; keeping the newest one and linking `last` to it
             # costs one checkpoint write per round, and `--ckpt_path last` resumes from it.

@@ -23,6 +23,12 @@ def test_fit_loop_runs_the_epoch_loop_with_a_data_fetcher():
     assert 'update_lr_schedulers("epoch"' in inspect.getsource(_FitLoop.on_advance_end)
 
 
+def test_epoch_loop_steps_non_plateau_epoch_schedulers_itself():
+    source = inspect.getsource(_TrainingEpochLoop.advance)
+    assert 'self.update_lr_schedulers("epoch", update_plateau_schedulers=False)' in source
+    assert "update_plateau_schedulers" in inspect.signature(_TrainingEpochLoop.update_lr_schedulers).parameters
+
+
 def test_epoch_loop_internals_the_round_loop_uses():
     trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
     loop = trainer.fit_loop.epoch_loop

@@ -1,0 +1,41 @@
+"""Federated datamodules and the partitioners that split their data among clients.
+
+Everything is importable from here, so configs can name e.g. ``lightning_fed.datamodules.FashionMNISTFederated``
+and ``lightning_fed.datamodules.DirichletPartitioner``.
+"""
+
+from lightning_fed.datamodules import partitioners as _partitioners
+from lightning_fed.datamodules.base import DatasetFederated, FederatedDataModule
+from lightning_fed.datamodules.generated import MNIST1DFederated, SyntheticFederated, synthetic_fedprox
+from lightning_fed.datamodules.leaf import FEMNISTFederated, Sent140Federated
+from lightning_fed.datamodules.partitioners import *  # noqa: F403
+from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset, tensor_dataloader
+from lightning_fed.datamodules.vision import (
+    DEBIAN_FASHION_MNIST_DIR,
+    CIFAR10Federated,
+    CIFAR100Federated,
+    EMNISTFederated,
+    FashionMNISTFederated,
+    MNISTFederated,
+    SVHNFederated,
+)
+
+__all__ = [
+    "DEBIAN_FASHION_MNIST_DIR",
+    "CIFAR10Federated",
+    "CIFAR100Federated",
+    "DatasetFederated",
+    "EMNISTFederated",
+    "FEMNISTFederated",
+    "FashionMNISTFederated",
+    "FederatedDataModule",
+    "MNIST1DFederated",
+    "MNISTFederated",
+    "SVHNFederated",
+    "Sent140Federated",
+    "SyntheticFederated",
+    "TensorClassificationDataset",
+    "synthetic_fedprox",
+    "tensor_dataloader",
+    *getattr(_partitioners, "__all__", ()),
+]

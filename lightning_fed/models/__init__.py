@@ -1,0 +1,11 @@
+"""Reference networks of the papers and the LightningModule that trains them."""
+
+from __future__ import annotations
+
+from lightning_fed.models.classifier import ClassifierModule
+from lightning_fed.models.cnn import FedAvgCNN
+from lightning_fed.models.lenet import LeNet5
+from lightning_fed.models.mlp import MLP
+from lightning_fed.models.mnist1d_cnn import MNIST1DCNN
+
+__all__ = ["MLP", "MNIST1DCNN", "ClassifierModule", "FedAvgCNN", "LeNet5"]

@@ -1,0 +1,65 @@
+"""The two-convolution CNN of FedAvg (McMahan et al., AISTATS 2017), reused by rFedAvg (Wang et al., ICDE 2023).
+
+Zhao et al. (2018, "Federated Learning with Non-IID Data") and Wang et al. both say they use "the same CNN structure
+as [McMahan et al.]"; Wang et al. add that "the dimension of the last FC layer is 512" and take that layer's output
+as the feature φ of their MMD regulariser.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from torch import Tensor, nn
+
+
+class FedAvgCNN(nn.Module):
+    """McMahan et al. (2017) CNN: two 5×5 convolutions (32, 64 channels), each followed by ReLU and 2×2 max pooling,
+    a 512-unit fully connected layer with ReLU, and a linear output layer.
+
+    Padding: neither McMahan et al. nor rFedAvg (paper 000) state it, so the convolutions use 'same' padding
+    (padding=2). That is the only choice that reproduces McMahan et al.'s reported total of 1,663,370 parameters for
+    MNIST (1×28×28 input, 10 classes); with no padding the count would be 582,026.
+
+    Feature layer: the 512-d output of ``fc1`` after its ReLU is the penultimate activation that rFedAvg's MMD
+    compares (ALGORITHMS.md). The ReLU is its own module, ``features_act`` (also in the class attribute
+    ``feature_layer``), so a forward hook registered on ``model.features_act`` receives a ``[B, 512]`` non-negative
+    tensor. ``feature_dim`` gives its width.
+
+    Args:
+        in_channels: Input channels (1 for MNIST, 3 for CIFAR-10).
+        num_classes: Output logits.
+        image_size: Side of the square input image (28 for MNIST, 32 for CIFAR-10).
+    """
+
+    feature_layer: ClassVar[str] = "features_act"
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> None:
+        super().__init__()
+        for name, value in (("in_channels", in_channels), ("num_classes", num_classes), ("image_size", image_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        # 'same' padding keeps the side until each pool, which floors it to half.
+        side = image_size // 2 // 2
+        if side < 1:
+            raise ValueError(f"`image_size` must be at least 4 so two 2×2 poolings leave a pixel, got {image_size}.")
+        self.feature_dim = 512
+        self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=5, padding=2)
+        self.conv_act1 = nn.ReLU()
+        self.pool1 = nn.MaxPool2d(2)
+        self.conv2 = nn.Conv2d(32, 64, kernel_size=5, padding=2)
+        self.conv_act2 = nn.ReLU()
+        self.pool2 = nn.MaxPool2d(2)
+        self.flatten = nn.Flatten()
+        self.fc1 = nn.Linear(64 * side * side, self.feature_dim)
+        self.features_act = nn.ReLU()
+        self.fc2 = nn.Linear(self.feature_dim, num_classes)
+
+    def features(self, x: Tensor) -> Tensor:
+        """Returns the ``[B, 512]`` post-ReLU ``fc1`` activations (the rFedAvg feature φ)."""
+        x = self.pool1(self.conv_act1(self.conv1(x)))
+        x = self.pool2(self.conv_act2(self.conv2(x)))
+        return self.features_act(self.fc1(self.flatten(x)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Maps ``[B, in_channels, image_size, image_size]`` images to ``[B, num_classes]`` logits."""
+        return self.fc2(self.features(x))

@@ -1,0 +1,10 @@
+"""Figures for partitions and training curves, built on ``matplotlib.figure.Figure`` with the Agg canvas so that
+importing this package never selects or changes a pyplot backend."""
+
+from __future__ import annotations
+
+from lightning_fed.plots.curves import plot_round_curves
+from lightning_fed.plots.io import save_figure
+from lightning_fed.plots.partition import plot_label_histogram
+
+__all__ = ["plot_label_histogram", "plot_round_curves", "save_figure"]

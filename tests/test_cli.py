@@ -1,0 +1,51 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from lightning_fed import FederatedTrainer
+from lightning_fed.cli import FederatedCLI
+
+CONFIGS = sorted((Path(__file__).parents[1] / "configs").rglob("*.yaml"))
+QUICKSTART = Path(__file__).parents[1] / "configs" / "quickstart.yaml"
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_every_config_parses_and_instantiates(config, tmp_path):
+    cli = FederatedCLI(args=["--config", str(config), "--trainer.logger", "false", "--trainer.default_root_dir",
+                             str(tmp_path)], run=False)
+    assert isinstance(cli.trainer, FederatedTrainer)
+    assert cli.datamodule.num_clients >= 1
+    assert cli.trainer.num_rounds >= 1
+
+
+def test_quickstart_end_to_end_with_offline_wandb(tmp_path, capsys):
+    FederatedCLI(args=[
+        "fit", "--config", str(QUICKSTART), "--trainer.num_rounds", "2", "--trainer.local_epochs", "1",
+        "--data.init_args.num_samples", "1000", "--trainer.default_root_dir", str(tmp_path),
+        "--trainer.logger.init_args.save_dir", str(tmp_path),
+    ])
+    printed = capsys.readouterr().out
+    assert "[lightning_fed] final after 2 rounds: global/test_acc=" in printed
+    summary_line = next(line for line in printed.splitlines() if line.startswith("[lightning_fed] summary: "))
+    summary = json.loads(Path(summary_line.split(": ", 1)[1]).read_text())
+    assert summary["completed_rounds"] == 2 and 0.0 <= summary["final"]["global/test_acc"] <= 1.0
+    assert list((tmp_path / "wandb").glob("offline-run-*")), "W&B should have written an offline run"
+    assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
+def test_print_config_shows_the_merged_settings(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        FederatedCLI(args=["fit", "--config", str(QUICKSTART), "--trainer.num_rounds", "7", "--print_config"])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "num_rounds: 7" in printed and "MNIST1DFederated" in printed
+
+
+def test_unknown_yaml_key_is_named(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(QUICKSTART.read_text() + "\n  num_roundz: 3\n".replace("\n  ", "\ntrainer:\n  ", 1))
+    with pytest.raises(SystemExit) as exit_info:
+        FederatedCLI(args=["fit", "--config", str(bad)])
+    assert exit_info.value.code != 0
+    assert "num_roundz" in capsys.readouterr().err
