@@ -11,7 +11,6 @@ import os
 import pickle
 import socket
 import struct
-import time
 from pathlib import Path
 from urllib.error import URLError
 
@@ -364,10 +363,8 @@ def test_sent140_builds_a_train_vocabulary_and_encodes_fixed_length(tmp_path):
 @pytest.mark.skipif(not Path(DEBIAN_FASHION_MNIST_DIR).is_dir(), reason="dataset-fashion-mnist is not installed")
 def test_real_fashion_mnist_loads_offline_from_the_debian_copy(tmp_path, monkeypatch):
     monkeypatch.delenv(FASHION_MNIST_DIR_ENV)
-    start = time.perf_counter()
     dm = FashionMNISTFederated(IidPartitioner(10), data_dir=str(tmp_path), download=False, client_test_fraction=0)
     dm.setup()
     assert train_size(dm) == 60_000
     _, y = served(dm.test_dataloader())
     assert torch.equal(torch.bincount(y), torch.full((10,), 1000))
-    assert time.perf_counter() - start < 10

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import time
 
 import lightning.pytorch as L
 import pytest
@@ -210,17 +209,14 @@ def test_mnist1d_cnn_learns_mnist1d(mnist1d: dict[str, torch.Tensor]) -> None:
     module.log = lambda *_, **__: None  # a plain loop, without a Trainer to receive logs
     optimizer = module.configure_optimizers()
     x, y = mnist1d["x"].float().unsqueeze(1), mnist1d["y"].long()
-    start = time.perf_counter()
     for _ in range(10):
         for idx in torch.randperm(len(y)).split(64):
             optimizer.zero_grad()
             module.training_step((x[idx], y[idx]), 0).backward()
             optimizer.step()
-    seconds_per_epoch = (time.perf_counter() - start) / 10
     with torch.no_grad():
         accuracy = (module(mnist1d["x_test"].float()).argmax(1) == mnist1d["y_test"]).float().mean().item()
     assert accuracy >= 0.70, accuracy
-    assert seconds_per_epoch < 2.0
 
 
 def test_trainer_fit_and_test_log_expected_keys(mnist1d: dict[str, torch.Tensor], tmp_path) -> None:
