@@ -138,6 +138,14 @@ class FederatedTrainer(Trainer):
         if self._reporter is not None and self.is_global_zero:
             self._print_final()
 
+    def validate(self, *args: Any, weights_only: bool | None = None, **kwargs: Any) -> Any:
+        """Lightning's validation of the global model; checkpoints load with ``weights_only=True`` by default."""
+        return super().validate(*args, weights_only=True if weights_only is None else weights_only, **kwargs)
+
+    def test(self, *args: Any, weights_only: bool | None = None, **kwargs: Any) -> Any:
+        """Lightning's test of the global model; checkpoints load with ``weights_only=True`` by default."""
+        return super().test(*args, weights_only=True if weights_only is None else weights_only, **kwargs)
+
     def _start_federation(self, count_step: Any) -> RoundRunner:
         """Called by the round loop before its first round in this process (after any checkpoint is restored)."""
         module = self.lightning_module

@@ -49,3 +49,19 @@ def test_unknown_yaml_key_is_named(tmp_path, capsys):
         FederatedCLI(args=["fit", "--config", str(bad)])
     assert exit_info.value.code != 0
     assert "num_roundz" in capsys.readouterr().err
+
+
+def test_aggregator_and_callbacks_are_configurable_from_yaml(tmp_path):
+    extra = tmp_path / "algo.yaml"
+    extra.write_text(
+        "trainer:\n"
+        "  aggregator:\n"
+        "    class_path: lightning_fed.aggregators.FedAvg\n"
+        "    init_args: {weighting: uniform, server_lr: 0.5}\n"
+        "  callbacks:\n"
+        "    - class_path: lightning.pytorch.callbacks.EarlyStopping\n"
+        "      init_args: {monitor: val_loss, patience: 3}\n"
+    )
+    cli = FederatedCLI(args=["--config", str(QUICKSTART), "--config", str(extra), "--trainer.logger", "false"], run=False)
+    assert cli.trainer.aggregator.weighting == "uniform" and cli.trainer.aggregator.server_lr == 0.5
+    assert any(type(cb).__name__ == "EarlyStopping" for cb in cli.trainer.callbacks)
