@@ -55,6 +55,7 @@ class LocalTrainer:
         self.count_step = count_step
         callbacks: list[Callback] = list(trainer.callbacks)
         self._callback_hooks = {h: [cb for cb in callbacks if _overrides(cb, Callback, h)] for h in _BATCH_HOOKS}
+        callbacks = [*callbacks, trainer.aggregator]
         self._module_hooks = {h: _overrides(module, LightningModule, h) for h in _BATCH_HOOKS}
         self._loss_terms = [cb for cb in callbacks if overridden_hooks(cb, "client_loss")]
         self._grad_hooks = [cb for cb in callbacks if overridden_hooks(cb, "on_client_before_optimizer_step")]

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
 
 
+def fed_participants(trainer: FederatedTrainer) -> list[Any]:
+    """Everything that receives federated hooks: the callbacks, then the aggregator."""
+    return [*trainer.callbacks, trainer.aggregator]
+
+
 class ClientDivergedError(FloatingPointError):
     """Raised when a client's update is not finite and ``on_client_divergence="raise"``."""
 
@@ -41,13 +46,14 @@ class RoundRunner:
         self._test_loader = None
         self._client_test_loaders: dict[int, Any] = {}
         self.last_client_metrics: dict[int, dict[str, float]] = {}
+        self.last_round_ctx: RoundContext | None = None
 
     @property
     def state(self) -> Any:
         return self.trainer.federation_state
 
     def dispatch(self, hook: str, *args: Any) -> None:
-        for callback in self.trainer.callbacks:
+        for callback in fed_participants(self.trainer):
             method = getattr(callback, hook, None)
             if callable(method):
                 method(self.trainer, self.module, *args)
@@ -96,6 +102,7 @@ class RoundRunner:
         torch.manual_seed(derive_seed(seed, "torch", round_ctx.round_idx, client_id))
         loader = self.datamodule.client_dataloader(client_id, seed=derive_seed(seed, "data", round_ctx.round_idx, client_id))
         optimizer = self._client_optimizer(client_id)
+        self.dispatch("on_client_train_start", ctx, loader)
         metrics = self.local.fit_client(ctx, loader, optimizer, trainer.local_epochs, trainer.local_steps)
         update = ClientUpdate(client_id, ctx.num_samples, ctx.num_steps, clone_state(self.live), metrics)
         round_ctx.bytes_down += state_nbytes(ctx.initial_params)

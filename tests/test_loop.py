@@ -35,7 +35,8 @@ def test_hook_order_over_two_rounds_and_two_clients(tmp_path):
     for r in range(2):
         a, b = trainer.sampler.sample(r, 4)
         expected += [("on_train_epoch_start", r), ("on_round_start", r)]
-        expected += [("on_client_start", r, a), ("on_client_end", r, a), ("on_client_start", r, b), ("on_client_end", r, b)]
+        for c in (a, b):
+            expected += [("on_client_start", r, c), ("on_client_train_start", r, c), ("on_client_end", r, c)]
         expected += [("on_aggregate", r), ("on_client_evaluate_start", r, a), ("on_client_evaluate_start", r, b)]
         expected += [("on_validation_end", r), ("on_round_end", r), ("on_train_epoch_end", r)]
     assert recorder.calls == expected

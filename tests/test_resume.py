@@ -6,11 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).parent / "helpers" / "resume_run.py"
+from helpers.resume import assert_resume_bit_identical, run_script
+
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=240)
+    return run_script(*args)
 
 
 def _assert_identical(resumed: dict, reference: dict) -> None:
@@ -53,3 +54,10 @@ def test_checkpoint_loads_with_weights_only(tmp_path, reference):
     assert federated["state"]["completed_rounds"] == 1
     assert set(federated["state"]["store"]) == {"counter", "optimizer"}
     assert federated["sampler"]["seed"] == 0
+
+
+def test_resume_with_a_stateful_aggregator_and_penalty(tmp_path):
+    result = assert_resume_bit_identical(
+        tmp_path, "--aggregator", "lightning_fed.aggregators.FedAvg={\"server_lr\": 0.7}", kill_round=2, client_index=0
+    )
+    assert result["aggregator_state"] == {}

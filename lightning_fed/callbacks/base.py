@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 FED_HOOKS = (
     "on_round_start",
     "on_client_start",
+    "on_client_train_start",
     "client_loss",
     "on_client_before_optimizer_step",
     "on_client_end",
@@ -31,6 +32,7 @@ class FedCallback(Callback):
         on_round_start                   once, after sampling, before any client trains
         for each sampled client:
             on_client_start              may replace ctx.initial_params (personalisation)
+            on_client_train_start        the module now holds the start point; the client's loader is given
             per local step: client_loss  (added to the loss) -> backward -> on_client_before_optimizer_step
             on_client_end                sees the ClientUpdate before the aggregator does
         on_aggregate                     may edit the new global model in place
@@ -38,7 +40,9 @@ class FedCallback(Callback):
             on_client_evaluate_start     may replace ctx.initial_params with the personalised model
         on_round_end                     may add entries to the round's metrics
 
-    The loop dispatches these hooks duck-typed: only callbacks that define them are called, and Lightning's own
+    The loop dispatches these hooks duck-typed to every callback that defines them, and to the trainer's aggregator
+    when it defines them (an aggregator that needs client-side measurements, like q-FedAvg's loss at w_g, takes
+    them in ``on_client_train_start``). Lightning's own
     hooks (``on_train_epoch_end``, ``on_validation_end``, ...) keep working beside them, with one epoch per round.
     Per-callback state that must survive a crash goes either in ``state_dict`` (server state) or in the
     ``ClientStateStore`` (per-client state); both are saved in the checkpoint.
@@ -55,6 +59,15 @@ class FedCallback(Callback):
 
     def on_client_start(self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext) -> None:
         """Called before a client trains; the module does not hold the client's start point yet."""
+
+    def on_client_train_start(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
+    ) -> None:
+        """Called once the module holds ``client_ctx.initial_params``, before the first local step.
+
+        ``dataloader`` is the client's training loader for this round; iterating it does not change the order the
+        client then trains in (each pass is shuffled from the loader's own seeded generator).
+        """
 
     def client_loss(
         self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, batch: Any, batch_idx: int

@@ -101,6 +101,9 @@ class HookRecorder(FedCallback):
     def on_client_start(self, trainer: Any, pl_module: Any, client_ctx: Any) -> None:
         self.calls.append(("on_client_start", client_ctx.round_idx, client_ctx.client_id))
 
+    def on_client_train_start(self, trainer: Any, pl_module: Any, client_ctx: Any, dataloader: Any) -> None:
+        self.calls.append(("on_client_train_start", client_ctx.round_idx, client_ctx.client_id))
+
     def on_client_end(self, trainer: Any, pl_module: Any, client_ctx: Any, update: Any) -> None:
         self.calls.append(("on_client_end", client_ctx.round_idx, client_ctx.client_id))
 

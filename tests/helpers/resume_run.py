@@ -6,6 +6,8 @@ Usage: python resume_run.py ROOT OUT [--kill-round R --kill-client-index I] [--r
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import os
 import signal
 import sys
@@ -61,6 +63,13 @@ class Counter(FedCallback):
         self.clients_seen = state_dict["clients_seen"]
 
 
+def build(spec: str) -> object:
+    """Instantiates ``package.module.Class`` or ``package.module.Class={"kwarg": value}``."""
+    class_path, _, kwargs = spec.partition("=")
+    module_name, _, class_name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module_name), class_name)(**(json.loads(kwargs) if kwargs else {}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("root")
@@ -68,15 +77,19 @@ def main() -> None:
     parser.add_argument("--kill-round", type=int, default=-1)
     parser.add_argument("--kill-client-index", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--callback", action="append", default=[], help="CLASS_PATH or CLASS_PATH=JSON_KWARGS")
+    parser.add_argument("--aggregator", default=None, help="CLASS_PATH or CLASS_PATH=JSON_KWARGS")
+    parser.add_argument("--momentum", type=float, default=0.9)
     args = parser.parse_args()
     torch.set_num_threads(1)
     L.seed_everything(0)
-    module = BoringClassifier(lr=0.1, momentum=0.9, batch_norm=True, dropout=0.2)
+    module = BoringClassifier(lr=0.1, momentum=args.momentum, batch_norm=True, dropout=0.2)
     datamodule = make_datamodule(num_clients=5, val_fraction=0.1)
     counter = Counter()
     trainer = FederatedTrainer(
         num_rounds=4, clients_per_round=3, local_epochs=2, keep_optimizer_state=True,
-        callbacks=[counter, Killer(args.kill_round, args.kill_client_index)],
+        callbacks=[counter, *map(build, args.callback), Killer(args.kill_round, args.kill_client_index)],
+        aggregator=build(args.aggregator) if args.aggregator else None,
         default_root_dir=args.root, logger=False, enable_progress_bar=False, enable_model_summary=False,
         accelerator="cpu", devices=1,
     )
@@ -88,6 +101,9 @@ def main() -> None:
             "store": trainer.federation_state.store.state_dict(),
             "clients_seen": counter.clients_seen,
             "rounds_run_here": counter.rounds_run_here,
+            # ModelCheckpoint's state names its own directory, which differs between the runs compared.
+            "callback_states": [cb.state_dict() for cb in trainer.callbacks if isinstance(cb, FedCallback)],
+            "aggregator_state": trainer.aggregator.state_dict(),
         },
         args.out,
     )
