@@ -76,14 +76,22 @@ def reset_metrics(module: LightningModule) -> None:
 
 @contextmanager
 def buffered_logging(module: LightningModule, buffer: LogBuffer) -> Iterator[LogBuffer]:
-    """Routes ``module.log`` and ``module.log_dict`` into ``buffer`` for the duration of the block."""
+    """Routes ``module.log`` and ``module.log_dict`` into ``buffer`` for the duration of the block.
+
+    Blocks nest: leaving one restores whatever routing was there before (e.g. a Fisher pass inside a client's
+    training), and leaving the outermost restores Lightning's own ``log``.
+    """
+    previous = {name: module.__dict__.get(name) for name in ("log", "log_dict")}
     module.__dict__["log"] = buffer.log
     module.__dict__["log_dict"] = buffer.log_dict
     try:
         yield buffer
     finally:
-        module.__dict__.pop("log", None)
-        module.__dict__.pop("log_dict", None)
+        for name, method in previous.items():
+            if method is None:
+                module.__dict__.pop(name, None)
+            else:
+                module.__dict__[name] = method
 
 
 __all__ = ["LogBuffer", "batch_size_of", "buffered_logging", "reset_metrics"]

@@ -44,3 +44,18 @@ def test_log_buffer_computes_and_resets_torchmetrics():
     buffer.log_dict({"acc": metric})
     assert buffer.compute()["acc"] == 0.75
     assert metric.update_count == 0
+
+
+def test_buffered_logging_nests_and_restores_lightning_log():
+    from lightning.pytorch import LightningModule
+
+    from lightning_fed.log_buffer import buffered_logging
+
+    module = LightningModule()
+    outer, inner = LogBuffer(), LogBuffer()
+    with buffered_logging(module, outer):
+        with buffered_logging(module, inner):
+            module.log("x", 1.0)
+        module.log("y", 2.0)
+    assert inner.compute() == {"x": 1.0} and outer.compute() == {"y": 2.0}
+    assert "log" not in module.__dict__ and module.log.__func__ is LightningModule.log
