@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 
+from lightning_fed.functional.partition_stats import mean_emd
 from lightning_fed.loggers.wandb import define_round_axis, log_image, log_table, wandb_loggers
 
 if TYPE_CHECKING:
@@ -42,6 +43,11 @@ class RunReporter:
     def __init__(self, trainer: FederatedTrainer) -> None:
         self.trainer = trainer
         self.run_dir = resolve_run_dir(trainer)
+        # The partition never changes during a fit: its statistics are computed once, not in every summary.
+        datamodule = trainer.datamodule
+        self.histogram = datamodule.label_histogram()
+        self.emd = datamodule.client_emd()
+        self.mean_emd = mean_emd(self.histogram)
 
     def on_fit_start(self) -> None:
         """Creates the run directory, sets up W&B's round axis and logs the partition."""
@@ -55,15 +61,12 @@ class RunReporter:
     def _log_partition(self) -> None:
         from lightning_fed.plots import plot_label_histogram, save_figure
 
-        datamodule = self.trainer.datamodule
-        histogram, emd = datamodule.label_histogram(), datamodule.client_emd()
-        path = save_figure(plot_label_histogram(histogram, emd), self.run_dir / "partition.png")
-        weights = histogram.sum(1).double()
-        mean_emd = float((emd.double() * weights).sum() / weights.sum())
+        path = save_figure(plot_label_histogram(self.histogram, self.emd), self.run_dir / "partition.png")
+        stats = {"partition/mean_emd": self.mean_emd, "partition/num_clients": float(len(self.histogram))}
         for logger in self.trainer.loggers:
-            logger.log_metrics({"partition/mean_emd": mean_emd, "partition/num_clients": float(len(histogram))}, step=0)
+            logger.log_metrics(stats, step=0)
         for logger in wandb_loggers(self.trainer.loggers):
-            log_image(logger, "partition/label_histogram", str(path), caption=f"mean EMD {mean_emd:.3f}")
+            log_image(logger, "partition/label_histogram", str(path), caption=f"mean EMD {self.mean_emd:.3f}")
 
     def log_round(self, metrics: dict[str, float]) -> None:
         """Logs a round's metrics at the current global step; W&B plots them against ``round``."""
@@ -86,8 +89,6 @@ class RunReporter:
         """Writes ``summary.json``: final metrics, per-round history, wall time and bytes."""
         state = self.trainer.federation_state
         datamodule = self.trainer.datamodule
-        emd = datamodule.client_emd()
-        weights = datamodule.label_histogram().sum(1).double()
         payload = {
             "num_rounds": self.trainer.num_rounds,
             "completed_rounds": state.completed_rounds,
@@ -99,7 +100,7 @@ class RunReporter:
             "bytes_down": state.bytes_down,
             "rejected_clients_total": state.rejected_total,
             "num_clients": datamodule.num_clients,
-            "mean_emd": float((emd.double() * weights).sum() / weights.sum()),
+            "mean_emd": self.mean_emd,
             "final_client_metrics": {str(cid): metrics for cid, metrics in sorted(per_client.items())},
             "run_dir": str(self.run_dir),
         }

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-import torch
 from lightning.pytorch import LightningModule
 from torch.optim import Optimizer
 
@@ -13,7 +12,7 @@ from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, Stat
 from lightning_fed.evaluation import accuracy_key, client_statistics, evaluate
 from lightning_fed.functional.state_dict import all_finite, clone_state, copy_state_, state_nbytes
 from lightning_fed.local_training import LocalTrainer
-from lightning_fed.seeding import derive_seed
+from lightning_fed.seeding import derive_seed, seed_torch
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -44,7 +43,6 @@ class RoundRunner:
         self.local = LocalTrainer(trainer, module, count_step)
         self.live: StateDict = module.state_dict(keep_vars=True)
         self._test_loader = None
-        self._client_test_loaders: dict[int, Any] = {}
         self.last_client_metrics: dict[int, dict[str, float]] = {}
         self.last_round_ctx: RoundContext | None = None
 
@@ -99,7 +97,7 @@ class RoundRunner:
         )
         self.dispatch("on_client_start", ctx)
         copy_state_(self.live, ctx.initial_params)
-        torch.manual_seed(derive_seed(seed, "torch", round_ctx.round_idx, client_id))
+        seed_torch(derive_seed(seed, "torch", round_ctx.round_idx, client_id))
         loader = self.datamodule.client_dataloader(client_id, seed=derive_seed(seed, "data", round_ctx.round_idx, client_id))
         optimizer = self._client_optimizer(client_id)
         self.dispatch("on_client_train_start", ctx, loader)
@@ -175,7 +173,8 @@ class RoundRunner:
         global_params = None
         results: dict[int, dict[str, float]] = {}
         for client_id in client_ids:
-            loader = self._client_test_loader(client_id)
+            # Built on demand (tens of µs): caching a loader per client would grow with the federation.
+            loader = self.datamodule.client_test_dataloader(client_id)
             if loader is None:
                 continue
             if global_params is None:
@@ -189,11 +188,6 @@ class RoundRunner:
             if personalised:
                 copy_state_(self.live, global_params)
         return results
-
-    def _client_test_loader(self, client_id: int) -> Any:
-        if client_id not in self._client_test_loaders:
-            self._client_test_loaders[client_id] = self.datamodule.client_test_dataloader(client_id)
-        return self._client_test_loaders[client_id]
 
     @staticmethod
     def headline(metrics: dict[str, float]) -> dict[str, float]:

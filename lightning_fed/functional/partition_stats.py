@@ -36,12 +36,13 @@ def label_histogram(labels: Tensor, partitions: Sequence[Tensor], num_classes: i
     labels = labels.to(torch.int64)
     if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"`labels` must lie in [0, {num_classes}); raise `num_classes` to cover them.")
-    rows = [
-        torch.bincount(labels[torch.as_tensor(part, dtype=torch.int64)], minlength=num_classes) for part in partitions
-    ]
-    if not rows:
+    parts = [torch.as_tensor(part, dtype=torch.int64).reshape(-1) for part in partitions]
+    if not parts:
         return torch.zeros(0, num_classes, dtype=torch.int64)
-    return torch.stack(rows)
+    # One bincount over (client, class) pairs instead of one per client: 10 000 clients cost one call.
+    owners = torch.repeat_interleave(torch.arange(len(parts)), torch.tensor([part.numel() for part in parts]))
+    flat = owners * num_classes + labels[torch.cat(parts)]
+    return torch.bincount(flat, minlength=len(parts) * num_classes).view(len(parts), num_classes)
 
 
 def class_distribution(histogram: Tensor) -> Tensor:
