@@ -50,6 +50,8 @@ class _TorchvisionFederated(FederatedDataModule):
 
     def prepare_data(self) -> None:
         """Downloads the files if missing; the splits read here are kept for ``setup`` in this process."""
+        if self._layout is not None:
+            return  # already set up: reading again would only hold a second raw copy that setup never takes
         self._raw = self._read(self.download)
 
     def _load_datasets(self) -> tuple[TensorClassificationDataset, TensorClassificationDataset]:
