@@ -2,5 +2,6 @@
 
 from lightning_fed.aggregators.base import Aggregator
 from lightning_fed.aggregators.fedavg import FedAvg
+from lightning_fed.aggregators.qfedavg import QFedAvg
 
-__all__ = ["Aggregator", "FedAvg"]
+__all__ = ["Aggregator", "FedAvg", "QFedAvg"]

@@ -1,8 +1,13 @@
 """Federated callbacks: the hook base, the parameter-penalty base and the algorithms built on them."""
 
 from lightning_fed.callbacks.base import FedCallback
+from lightning_fed.callbacks.fedcurv import FedCurv
+from lightning_fed.callbacks.fedgg import FedGG
+from lightning_fed.callbacks.fedprox import FedProx
 from lightning_fed.callbacks.feature_loss import FeatureLossTerm, FeatureMixin
 from lightning_fed.callbacks.penalty import ParameterPenalty
 from lightning_fed.callbacks.progress import RoundProgressBar
+from lightning_fed.callbacks.rfedavg import RFedAvg
+from lightning_fed.callbacks.scaffold import Scaffold
 
-__all__ = ["FeatureLossTerm", "FeatureMixin", "FedCallback", "ParameterPenalty", "RoundProgressBar"]
+__all__ = ["FeatureLossTerm", "FeatureMixin", "FedCallback", "FedCurv", "FedGG", "FedProx", "ParameterPenalty", "RFedAvg", "RoundProgressBar", "Scaffold"]

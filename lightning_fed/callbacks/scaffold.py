@@ -1,0 +1,214 @@
+"""SCAFFOLD (option II): drift correction with client and server control variates."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch import LightningModule
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_fed.aggregators.fedavg import FedAvg
+from lightning_fed.callbacks.base import FedCallback
+from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, StateDict
+from lightning_fed.functional.scaffold import (
+    client_control_update,
+    gradient_correction,
+    server_control_update,
+    zeros_like_state,
+)
+from lightning_fed.functional.state_dict import state_nbytes
+
+if TYPE_CHECKING:
+    from lightning_fed.trainer import FederatedTrainer
+
+
+class Scaffold(FedCallback):
+    r"""SCAFFOLD with option II control variates.
+
+    Karimireddy, Kale, Mohri, Reddi, Stich, Suresh, "SCAFFOLD: Stochastic Controlled Averaging for Federated
+    Learning", ICML 2020, arXiv:1910.06378 (Algorithm 1, option II).
+
+    .. math::
+        y &\leftarrow y - \eta\,(g_i(y) - c_i + c) \quad \text{(each of the K local steps)} \\
+        c_i^+ &= c_i - c + \frac{x - y}{K\eta}, \qquad \Delta y_i = y - x, \qquad \Delta c_i = c_i^+ - c_i \\
+        x &\leftarrow x + \eta_g\,\frac{1}{|S|}\sum_{i \in S} \Delta y_i, \qquad
+        c \leftarrow c + \frac{1}{N}\sum_{i \in S} \Delta c_i
+
+    How it plugs in:
+        * The correction :math:`c - c_i` is added to ``param.grad`` in ``on_client_before_optimizer_step`` (after
+          backward and AMP unscaling, before gradient clipping), so the optimizer itself takes the corrected step
+          on the live parameters. With plain SGD this is exactly the paper's step.
+        * The server model update is FedAvg with uniform weights and server learning rate :math:`\eta_g`: configure
+          it as ``trainer.aggregator: {class_path: lightning_fed.aggregators.FedAvg, init_args: {weighting:
+          uniform, server_lr: <eta_g>}}``. The callback checks this at fit start and raises otherwise, so
+          :math:`\eta_g` has one source of truth (the paper's default is :math:`\eta_g = 1`).
+        * :math:`K` is ``ctx.num_steps``, the optimizer steps actually taken (gradient accumulation counts one
+          step per accumulated batch group), and :math:`\eta` is the learning rate of each parameter's optimizer
+          group at the end of local training. fp16 loss scaling can skip steps silently, so it is refused.
+        * :math:`x` is the client's start point ``ctx.initial_params`` (the round's global model unless another
+          callback personalises it). :math:`N` is ``trainer.datamodule.num_clients``. Rejected (non-finite) clients keep their :math:`c_i`
+          and add nothing to :math:`c`. A client that took no step keeps its :math:`c_i` too.
+
+    Conventions:
+        * Controls cover the trainable parameters (``requires_grad``) only; buffers (BatchNorm statistics) are
+          averaged by FedAvg as usual. :math:`c` and :math:`c_i` start at zero, so the first round is FedAvg.
+        * :math:`c_i` lives in the client store (CPU, checkpointed) under ``"scaffold"``; :math:`c` in this
+          callback's ``state_dict``.
+        * Communication: each sampled client receives :math:`c` and sends :math:`\Delta c`, both the size of the
+          trainable parameters, which is added to ``comm/bytes_down`` and ``comm/bytes_up`` (2x FedAvg for a
+          model without buffers).
+        * The paper uses plain SGD. Other optimizers are refused: :math:`(x - y)/(K\eta)` is only a gradient
+          estimate for SGD. SGD with momentum or weight decay is allowed with a warning for momentum: the
+          correction then enters the momentum buffer, and :math:`c_i^+` estimates the momentum-averaged
+          direction, not the mean gradient; weight decay is part of :math:`g_i`.
+        * Logs ``scaffold/server_control_norm`` (:math:`\lVert c \rVert_2`) each round.
+    """
+
+    supports_loss_scaling = False
+    namespace = "scaffold"
+
+    def __init__(self) -> None:
+        self._server_control: StateDict = {}
+        self._device_control: StateDict = {}
+        self._client_control: StateDict = {}
+        self._correction: StateDict = {}
+        self._delta_sum: StateDict = {}
+
+    @override
+    def on_fit_start(self, trainer: FederatedTrainer, pl_module: LightningModule) -> None:
+        _check_aggregator(trainer.aggregator)
+        _check_optimizer(trainer.optimizers[0])
+        trainable = {name: p for name, p in pl_module.named_parameters() if p.requires_grad}
+        if not self._server_control:
+            self._server_control = zeros_like_state(trainable)
+        elif self._server_control.keys() != trainable.keys():
+            raise ValueError(
+                "The restored SCAFFOLD server control does not match the module's trainable parameters; resume"
+                " with the same model and the same frozen parameters."
+            )
+
+    @override
+    def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
+        device = next(pl_module.parameters()).device
+        self._device_control = {name: c.to(device) for name, c in self._server_control.items()}
+        self._delta_sum = {}
+        extra = len(round_ctx.client_ids) * state_nbytes(self._server_control)
+        round_ctx.bytes_down += extra
+        round_ctx.bytes_up += extra
+
+    @override
+    def on_client_train_start(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
+    ) -> None:
+        stored = client_ctx.store.get(self.namespace, client_ctx.client_id)
+        server = self._device_control
+        if stored is None:
+            self._client_control = {name: torch.zeros_like(c) for name, c in server.items()}
+        else:
+            self._client_control = {name: stored[name].to(server[name].device) for name in server}
+        self._correction = gradient_correction(server, self._client_control)
+
+    @override
+    def on_client_before_optimizer_step(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
+    ) -> None:
+        with torch.no_grad():
+            for name, param in pl_module.named_parameters():
+                correction = self._correction.get(name)
+                if correction is None:
+                    continue
+                if param.grad is None:
+                    param.grad = correction.to(param.dtype).clone()
+                else:
+                    param.grad.add_(correction.to(param.grad.dtype))
+
+    @override
+    def on_client_end(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
+    ) -> None:
+        if client_ctx.num_steps < 1:
+            return
+        lrs = _parameter_lrs(pl_module, trainer.optimizers[0], self._device_control)
+        new_control, delta = client_control_update(
+            self._client_control, self._device_control, client_ctx.initial_params, update.params,
+            client_ctx.num_steps, lrs,
+        )
+        client_ctx.store.put(self.namespace, client_ctx.client_id, new_control)
+        for name, value in delta.items():
+            if name in self._delta_sum:
+                self._delta_sum[name].add_(value)
+            else:
+                self._delta_sum[name] = value.clone()
+
+    @override
+    def on_aggregate(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
+    ) -> None:
+        if not self._delta_sum:
+            return
+        delta_sum = {name: value.cpu() for name, value in self._delta_sum.items()}
+        self._server_control = server_control_update(self._server_control, delta_sum, trainer.datamodule.num_clients)
+        self._delta_sum = {}
+
+    @override
+    def on_round_end(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
+    ) -> None:
+        squares = sum(float(c.double().pow(2).sum()) for c in self._server_control.values())
+        metrics["scaffold/server_control_norm"] = squares**0.5
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"server_control": dict(self._server_control)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._server_control = {name: c.detach().cpu().clone() for name, c in state_dict["server_control"].items()}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _check_aggregator(aggregator: Any) -> None:
+    if not isinstance(aggregator, FedAvg) or aggregator.weighting != "uniform":
+        raise ValueError(
+            f"SCAFFOLD's server step is x + eta_g * mean(y_i - x) with uniform weights, but the trainer's aggregator"
+            f" is {aggregator!r}. Set `trainer.aggregator` to `lightning_fed.aggregators.FedAvg` with"
+            " `weighting: uniform` and `server_lr: <eta_g>` (1.0 in the paper)."
+        )
+
+
+def _check_optimizer(optimizer: Optimizer) -> None:
+    if not isinstance(optimizer, torch.optim.SGD):
+        raise ValueError(
+            f"SCAFFOLD's control update (x - y) / (K * lr) assumes SGD steps, but the optimizer is"
+            f" {type(optimizer).__name__}: return `torch.optim.SGD` from `configure_optimizers`"
+            " (e.g. ClassifierModule(optimizer='sgd'))."
+        )
+    if any(group.get("momentum", 0.0) or group.get("nesterov", False) for group in optimizer.param_groups):
+        rank_zero_warn(
+            "SCAFFOLD with SGD momentum: the correction c - c_i enters the momentum buffer and c_i then estimates"
+            " the momentum-averaged direction. The paper uses plain SGD (`momentum: 0`).",
+            category=UserWarning,
+        )
+
+
+def _parameter_lrs(module: LightningModule, optimizer: Optimizer, names: StateDict) -> dict[str, float]:
+    """The learning rate of each named parameter's optimizer group."""
+    group_lr = {id(p): float(group["lr"]) for group in optimizer.param_groups for p in group["params"]}
+    lrs: dict[str, float] = {}
+    for name, param in module.named_parameters():
+        if name in names:
+            if id(param) not in group_lr or group_lr[id(param)] <= 0:
+                raise ValueError(
+                    f"SCAFFOLD needs a positive learning rate for parameter {name!r}: add it to the optimizer with"
+                    " `lr > 0`, or freeze it (`requires_grad=False`) before fit."
+                )
+            lrs[name] = group_lr[id(param)]
+    return lrs
+
+
+__all__ = ["Scaffold"]
