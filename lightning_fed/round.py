@@ -97,10 +97,13 @@ class RoundRunner:
         )
         self.dispatch("on_client_start", ctx)
         copy_state_(self.live, ctx.initial_params)
+        data_seed = derive_seed(seed, "data", round_ctx.round_idx, client_id)
+        # Hooks get a loader of their own, and the RNG is seeded after them: whatever they iterate or draw cannot
+        # shift the client's data order or dropout masks.
+        self.dispatch("on_client_train_start", ctx, self.datamodule.client_dataloader(client_id, seed=data_seed))
         seed_torch(derive_seed(seed, "torch", round_ctx.round_idx, client_id))
-        loader = self.datamodule.client_dataloader(client_id, seed=derive_seed(seed, "data", round_ctx.round_idx, client_id))
+        loader = self.datamodule.client_dataloader(client_id, seed=data_seed)
         optimizer = self._client_optimizer(client_id)
-        self.dispatch("on_client_train_start", ctx, loader)
         metrics = self.local.fit_client(ctx, loader, optimizer, trainer.local_epochs, trainer.local_steps)
         update = ClientUpdate(client_id, ctx.num_samples, ctx.num_steps, clone_state(self.live), metrics)
         round_ctx.bytes_down += state_nbytes(ctx.initial_params)

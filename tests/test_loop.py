@@ -110,3 +110,20 @@ def test_round_metrics_and_summary_are_recorded(tmp_path):
     assert summary["final"]["global/test_acc"] == final["global/test_acc"]
     assert set(summary["final_client_metrics"]) == {"0", "1", "2", "3"}
     assert (tmp_path / "run" / "partition.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_client_train_start_hooks_cannot_shift_the_clients_data_order_or_rng(tmp_path):
+    class Meddler(FedCallback):
+        def on_client_train_start(self, trainer, pl_module, client_ctx, dataloader):
+            for _ in dataloader:  # a full pass, as q-FedAvg and FedCurv do
+                torch.rand(3)  # and a draw from the global RNG
+
+    def fit(callbacks):
+        L.seed_everything(0)
+        module = BoringClassifier(dropout=0.3)
+        fast_trainer(tmp_path, num_rounds=2, clients_per_round=2, callbacks=callbacks).fit(module, datamodule=make_datamodule())
+        return global_weights(module)
+
+    plain, meddled = fit([]), fit([Meddler()])
+    for name, tensor in plain.items():
+        assert torch.equal(meddled[name], tensor), name

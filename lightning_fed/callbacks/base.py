@@ -65,8 +65,9 @@ class FedCallback(Callback):
     ) -> None:
         """Called once the module holds ``client_ctx.initial_params``, before the first local step.
 
-        ``dataloader`` is the client's training loader for this round; iterating it does not change the order the
-        client then trains in (each pass is shuffled from the loader's own seeded generator).
+        ``dataloader`` yields the client's training data in the order it will train in this round. It is a separate
+        loader from the one training uses, and the client's RNG is seeded after this hook, so iterating it (or
+        drawing random numbers here) does not change the client's data order or dropout masks.
         """
 
     def client_loss(
