@@ -111,7 +111,9 @@ class FederatedDataModule(LightningDataModule):
         ``test`` may be ``None`` for data without a separate test set; the global test set is then the union of the
         clients' test splits.
         """
-        raise NotImplementedError
+        raise TypeError(
+            f"{type(self).__name__} must implement `_load_datasets()`, or wrap your datasets with DatasetFederated."
+        )
 
     def _natural_ids(self) -> Tensor | None:
         """Per-example natural client ids of the train dataset (e.g. LEAF users), for partitioners that use them."""

@@ -89,12 +89,10 @@ class _LeafFederated(FederatedDataModule):
     @abstractmethod
     def _convert_x(self, xs: list[Any]) -> np.ndarray:
         """Turns one user's raw LEAF ``x`` list into an array (one row per sample)."""
-        raise NotImplementedError
 
     @abstractmethod
     def _encode(self, train: np.ndarray, test: np.ndarray) -> tuple[Tensor, Tensor]:
         """Turns the converted inputs of both splits into input tensors."""
-        raise NotImplementedError
 
     def _load_datasets(self) -> tuple[Dataset, Dataset | None]:
         train_json = self._train_json or read_leaf_split(Path(self.leaf_dir) / "train", self._convert_x)

@@ -75,12 +75,10 @@ class _TorchvisionFederated(FederatedDataModule):
     @abstractmethod
     def _read_split(self, train: bool, download: bool) -> _RawSplit:
         """Returns uint8 images ``[N, C, H, W]`` and int64 labels ``[N]`` of one split."""
-        raise NotImplementedError
 
     @abstractmethod
     def _how_to_obtain(self) -> str:
         """Tells the user how to get the files without this code downloading them."""
-        raise NotImplementedError
 
     def _raw_dir(self, folder: str) -> Path:
         return Path(self.data_dir) / folder / "raw"
