@@ -106,6 +106,8 @@ def _draw_bars(ax: Axes, counts: Tensor, names: list[str]) -> None:
         heights = counts[:, c].tolist()
         ax.bar(clients, heights, bottom=bottom, width=0.85, color=color, label=names[c], linewidth=0)
         bottom = [b + h for b, h in zip(bottom, heights)]
+    # Autoscaling misses the tops of stacked bars once a twin axis is added, so the limit is set from the totals.
+    ax.set_ylim(0.0, max(max(bottom, default=0.0), 1.0) * 1.05)
     ax.set_xlabel("client id")
     ax.set_ylabel("examples")
     ax.set_xlim(-0.6, shown - 0.4)

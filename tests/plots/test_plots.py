@@ -134,3 +134,11 @@ def test_save_figure_rejects_unknown_suffix_and_bad_dpi(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="dpi"):
         save_figure(fig, tmp_path / "curve.png", dpi=0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_label_histogram_axis_shows_the_tallest_stack() -> None:
+    from lightning_fed.plots import plot_label_histogram
+
+    histogram = torch.tensor([[5, 0, 1], [200, 150, 120], [3, 3, 3]])
+    fig = plot_label_histogram(histogram, emd=torch.tensor([0.5, 0.2, 0.1]))
+    assert fig.axes[0].get_ylim()[1] >= 470
