@@ -16,7 +16,7 @@ from lightning_fed.loggers.wandb import define_round_axis, log_image, log_table,
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
 
-ROUND_PREFIXES = ["global", "client", "train", "comm", "time", "clients", "personalized"]
+ROUND_PREFIXES = ["global", "client", "train", "comm", "time", "clients", "personalized", "sharing", "warmup", "divergence"]
 
 
 def resolve_run_dir(trainer: FederatedTrainer) -> Path:

@@ -146,12 +146,22 @@ class FederatedTrainer(Trainer):
         """Lightning's test of the global model; checkpoints load with ``weights_only=True`` by default."""
         return super().test(*args, weights_only=True if weights_only is None else weights_only, **kwargs)
 
+    @property
+    def fed_run_dir(self) -> Path | None:
+        """Where this fit writes ``summary.json`` and its plots; ``None`` before the first round."""
+        return self._reporter.run_dir if self._reporter is not None else None
+
+    def resolve_seed(self) -> int:
+        """The run seed: the checkpoint's when resuming, else ``seed``, else ``seed_everything``'s, else 0."""
+        if self._restored and self.federation_state.completed_rounds > 0:
+            return self.federation_state.seed
+        return self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+
     def _start_federation(self, count_step: Any) -> RoundRunner:
         """Called by the round loop before its first round in this process (after any checkpoint is restored)."""
         module = self.lightning_module
         check_module_setup(self, module)
-        if not self._restored or self.federation_state.completed_rounds == 0:
-            self.federation_state.seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+        self.federation_state.seed = self.resolve_seed()
         self.sampler.seed = self.federation_state.seed
         self.sampler.num_sampled(self.datamodule.num_clients)
         self._reporter = RunReporter(self)

@@ -9,5 +9,7 @@ from lightning_fed.callbacks.penalty import ParameterPenalty
 from lightning_fed.callbacks.progress import RoundProgressBar
 from lightning_fed.callbacks.rfedavg import RFedAvg
 from lightning_fed.callbacks.scaffold import Scaffold
+from lightning_fed.callbacks.warmup import SharedDataWarmup
+from lightning_fed.callbacks.weight_divergence import WeightDivergence
 
-__all__ = ["FeatureLossTerm", "FeatureMixin", "FedCallback", "FedCurv", "FedGG", "FedProx", "ParameterPenalty", "RFedAvg", "RoundProgressBar", "Scaffold"]
+__all__ = ["FeatureLossTerm", "FeatureMixin", "FedCallback", "FedCurv", "FedGG", "FedProx", "ParameterPenalty", "RFedAvg", "RoundProgressBar", "Scaffold", "SharedDataWarmup", "WeightDivergence"]

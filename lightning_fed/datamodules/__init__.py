@@ -9,6 +9,7 @@ from lightning_fed.datamodules.base import DatasetFederated, FederatedDataModule
 from lightning_fed.datamodules.generated import MNIST1DFederated, SyntheticFederated, synthetic_fedprox
 from lightning_fed.datamodules.leaf import FEMNISTFederated, Sent140Federated
 from lightning_fed.datamodules.partitioners import *  # noqa: F403
+from lightning_fed.datamodules.sharing import DataSharing
 from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset, tensor_dataloader
 from lightning_fed.datamodules.vision import (
     DEBIAN_FASHION_MNIST_DIR,
@@ -24,6 +25,7 @@ __all__ = [
     "DEBIAN_FASHION_MNIST_DIR",
     "CIFAR10Federated",
     "CIFAR100Federated",
+    "DataSharing",
     "DatasetFederated",
     "EMNISTFederated",
     "FEMNISTFederated",

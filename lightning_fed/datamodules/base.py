@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from abc import abstractmethod
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from lightning_fed.datamodules._splits import RaggedIndex, fingerprint, holdout_sizes, stratified_holdout
 from lightning_fed.datamodules.partitioners.base import Partitioner
+from lightning_fed.datamodules.sharing import DataSharing, draw_shares, hold_out_global_set, sharing_statistics
 from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset, tensor_dataloader
 from lightning_fed.functional.partition_stats import earth_movers_distance, label_histogram
 from lightning_fed.seeding import derive_seed
@@ -31,6 +33,8 @@ class _Layout:
     test: Dataset
     test_indices: Tensor | None
     fingerprint: str
+    shared: Tensor | None = None
+    shares: RaggedIndex | None = None
 
 
 class FederatedDataModule(LightningDataModule):
@@ -56,6 +60,9 @@ class FederatedDataModule(LightningDataModule):
         num_workers: DataLoader worker processes; keep 0 for in-memory datasets, which gather in microseconds.
         seed: Seed of the validation and client-test draws and of ``train_dataloader``'s order. The partition's
             seed belongs to the partitioner.
+        sharing: Zhao et al.'s data sharing (:class:`~lightning_fed.datamodules.sharing.DataSharing`): a
+            class-balanced global set G is held out before partitioning and every client trains on its split
+            merged with a seeded α share of G (``client_num_samples`` counts the share). ``None`` shares nothing.
     """
 
     num_classes: int
@@ -70,8 +77,11 @@ class FederatedDataModule(LightningDataModule):
         val_fraction: float = 0.0,
         num_workers: int = 0,
         seed: int = 0,
+        sharing: DataSharing | None = None,
     ) -> None:
         super().__init__()
+        if sharing is not None and not isinstance(sharing, DataSharing):
+            raise TypeError(f"`sharing` must be a DataSharing or None, got {type(sharing).__name__}.")
         if not isinstance(partitioner, Partitioner):
             raise TypeError(f"`partitioner` must be a Partitioner, got {type(partitioner).__name__}.")
         _check_int("batch_size", batch_size, minimum=1)
@@ -96,6 +106,7 @@ class FederatedDataModule(LightningDataModule):
         self.val_fraction = float(val_fraction)
         self.num_workers = num_workers
         self.seed = seed
+        self.sharing = sharing
         self._layout: _Layout | None = None
         self._expected_fingerprint: str | None = None
 
@@ -121,6 +132,7 @@ class FederatedDataModule(LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """Loads the data and splits it; later calls do nothing."""
+        self._warn_without_warmup()
         if self._layout is not None:
             return
         train, test = self._load_datasets()
@@ -128,6 +140,7 @@ class FederatedDataModule(LightningDataModule):
         self._check_labels(labels)
         natural_ids = self._natural_ids()
         val, pool = self._carve_validation(labels, natural_ids)
+        shared, pool = (None, pool) if self.sharing is None else self._hold_out_shared(labels, pool)
         partitions = self._partition(labels, natural_ids, pool)
         clients, tests, source = self._client_test_split(partitions, labels, train, test)
         self._check_client_sizes(clients)
@@ -140,9 +153,31 @@ class FederatedDataModule(LightningDataModule):
                 )
             test, test_indices = source, tests.flat
         # The labels join the indices so that the same split of a different dataset is told apart too.
-        digest = fingerprint(labels, clients.flat, clients.offsets, tests.flat, tests.offsets, val)
+        shares = None if shared is None else draw_shares(shared, self.num_clients, self.sharing.alpha, self.seed)
+        sharing = () if shares is None else (self.sharing.encode(), shared, shares.flat, shares.offsets)
+        digest = fingerprint(labels, clients.flat, clients.offsets, tests.flat, tests.offsets, val, *sharing)
         self._check_fingerprint(digest)
-        self._layout = _Layout(train, labels, val, clients, tests, source, test, test_indices, digest)
+        self._layout = _Layout(train, labels, val, clients, tests, source, test, test_indices, digest, shared, shares)
+
+    def _hold_out_shared(self, labels: Tensor, pool: Tensor) -> tuple[Tensor, Tensor]:
+        """(G, the pool without G); G is drawn before partitioning, so it is disjoint from every client's data."""
+        return hold_out_global_set(labels, pool, self.sharing.beta, self.num_classes, self.seed)
+
+    def _warn_without_warmup(self) -> None:
+        """Warns when sharing asks for a warm-up that no callback of the attached trainer will run."""
+        trainer = getattr(self, "trainer", None)
+        if self.sharing is None or self.sharing.warmup_epochs == 0 or trainer is None:
+            return
+        from lightning_fed.callbacks.warmup import SharedDataWarmup  # Deferred: callbacks import the trainer.
+
+        if not any(isinstance(callback, SharedDataWarmup) for callback in trainer.callbacks):
+            warnings.warn(
+                f"`sharing.warmup_epochs` is {self.sharing.warmup_epochs} but the trainer has no SharedDataWarmup "
+                "callback, so FL starts from the random initialisation: add "
+                "`lightning_fed.callbacks.warmup.SharedDataWarmup` to `trainer.callbacks`, or set warmup_epochs: 0.",
+                UserWarning,
+                stacklevel=2,
+            )
 
     def _check_labels(self, labels: Tensor) -> None:
         if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
@@ -222,16 +257,43 @@ class FederatedDataModule(LightningDataModule):
         return list(range(self.num_clients))
 
     def client_num_samples(self, client_id: int) -> int:
-        """Size of the client's training split."""
-        self._check_client(client_id)
-        offsets = self._split.clients.offsets
-        return int(offsets[client_id + 1] - offsets[client_id])
+        """Size of the client's training split, its share of G included (FedAvg weights by what clients train on)."""
+        return int(self._client_train_indices(client_id).numel())
 
     def client_dataloader(self, client_id: int, seed: int) -> DataLoader:
-        """The client's training split, reshuffled by a generator seeded with ``seed`` (same seed, same order)."""
-        self._check_client(client_id)
+        """The client's training split (and share of G), reshuffled by a generator seeded with ``seed``."""
         generator = torch.Generator().manual_seed(seed)
-        return self._loader(self._split.train, self._split.clients[client_id], self.batch_size, generator)
+        return self._loader(self._split.train, self._client_train_indices(client_id), self.batch_size, generator)
+
+    def _client_train_indices(self, client_id: int) -> Tensor:
+        self._check_client(client_id)
+        local = self._split.clients[client_id]
+        shares = self._split.shares
+        return local if shares is None else torch.cat([local, shares[client_id]])
+
+    def shared_dataloader(self, seed: int | None = None) -> DataLoader:
+        """The global set G for the warm-up model (Zhao et al. §4.2), shuffled by a generator seeded with ``seed``.
+
+        ``seed`` defaults to one derived from the datamodule's ``seed``.
+        """
+        shared = self._split.shared
+        if shared is None or shared.numel() == 0:
+            raise RuntimeError(
+                f"{type(self).__name__} shares no data: set `sharing` with `beta` > 0 to train a warm-up model on G."
+            )
+        seed = derive_seed(self.seed, "sharing", "loader") if seed is None else seed
+        generator = torch.Generator().manual_seed(seed)
+        return self._loader(self._split.train, shared, self.batch_size, generator)
+
+    def sharing_statistics(self) -> dict[str, float]:
+        """``sharing/global_set_size``, ``sharing/share_size_mean``, ``sharing/emd_before`` and ``emd_after``.
+
+        Empty when ``sharing`` is ``None``; see :func:`~lightning_fed.datamodules.sharing.sharing_statistics`.
+        """
+        split = self._split
+        if split.shared is None or split.shares is None:
+            return {}
+        return sharing_statistics(split.labels, split.clients, split.shared, split.shares, self.num_classes)
 
     def client_test_dataloader(self, client_id: int) -> DataLoader | None:
         """The client's test split in fixed order, or ``None`` if it has none."""
@@ -283,8 +345,8 @@ class FederatedDataModule(LightningDataModule):
         if expected is not None and expected != current:
             raise ValueError(
                 f"The checkpoint was saved with a different data split (fingerprint {expected}, now {current}): "
-                f"resume with the same dataset, partitioner ({self.partitioner!r}), `seed`, `val_fraction` and "
-                "client test settings, or start a new run."
+                f"resume with the same dataset, partitioner ({self.partitioner!r}), `seed`, `val_fraction`, "
+                f"client test settings and `sharing` ({self.sharing!r}), or start a new run."
             )
 
     def _check_client(self, client_id: int) -> None:
@@ -321,7 +383,7 @@ class DatasetFederated(FederatedDataModule):
         test_dataset: Global test set; ``None`` uses the union of the client test splits.
         num_classes: Number of classes.
         partitioner, batch_size, eval_batch_size, client_test_fraction, client_test_size, val_fraction,
-        num_workers, seed: As in :class:`FederatedDataModule`.
+        num_workers, seed, sharing: As in :class:`FederatedDataModule`.
     """
 
     def __init__(
@@ -337,6 +399,7 @@ class DatasetFederated(FederatedDataModule):
         val_fraction: float = 0.0,
         num_workers: int = 0,
         seed: int = 0,
+        sharing: DataSharing | None = None,
     ) -> None:
         self.num_classes = num_classes
         super().__init__(
@@ -348,6 +411,7 @@ class DatasetFederated(FederatedDataModule):
             val_fraction,
             num_workers,
             seed,
+            sharing,
         )
         self.train_dataset = train_dataset
         self.test_dataset = test_dataset

@@ -13,6 +13,7 @@ from torch import Tensor
 from lightning_fed.datamodules.base import FederatedDataModule, _check_int
 from lightning_fed.datamodules.partitioners import NaturalIdPartitioner
 from lightning_fed.datamodules.partitioners.base import Partitioner
+from lightning_fed.datamodules.sharing import DataSharing
 from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset
 
 
@@ -37,8 +38,8 @@ class MNIST1DFederated(FederatedDataModule):
     Args:
         partitioner: Splits the training set among clients.
         num_samples: Examples generated in total (train + test); a multiple of 10 keeps classes balanced.
-        batch_size, eval_batch_size, client_test_fraction, client_test_size, val_fraction, num_workers, seed: As in
-            :class:`FederatedDataModule`; ``seed`` also seeds the generator.
+        batch_size, eval_batch_size, client_test_fraction, client_test_size, val_fraction, num_workers, seed,
+            sharing: As in :class:`FederatedDataModule`; ``seed`` also seeds the generator.
     """
 
     num_classes = 10
@@ -54,6 +55,7 @@ class MNIST1DFederated(FederatedDataModule):
         val_fraction: float = 0.0,
         num_workers: int = 0,
         seed: int = 0,
+        sharing: DataSharing | None = None,
     ) -> None:
         # mnist1d draws num_samples // 10 examples per class and keeps 80 % for training.
         _check_int("num_samples", num_samples, minimum=20)
@@ -66,6 +68,7 @@ class MNIST1DFederated(FederatedDataModule):
             val_fraction,
             num_workers,
             seed,
+            sharing,
         )
         self.num_samples = num_samples
 
@@ -140,8 +143,8 @@ class SyntheticFederated(FederatedDataModule):
         num_classes: Number of classes.
         iid: Draw every client from the same model and input distribution (Synthetic-IID).
         seed: Seed of the generator and of the holdout draws.
-        batch_size, eval_batch_size, client_test_fraction, client_test_size, val_fraction, num_workers: As in
-            :class:`FederatedDataModule`.
+        batch_size, eval_batch_size, client_test_fraction, client_test_size, val_fraction, num_workers, sharing: As
+            in :class:`FederatedDataModule`.
     """
 
     num_classes = 10
@@ -161,6 +164,7 @@ class SyntheticFederated(FederatedDataModule):
         client_test_size: int | None = None,
         val_fraction: float = 0.0,
         num_workers: int = 0,
+        sharing: DataSharing | None = None,
     ) -> None:
         for name, value in (("alpha", alpha), ("beta", beta)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
@@ -183,6 +187,7 @@ class SyntheticFederated(FederatedDataModule):
             val_fraction,
             num_workers,
             seed,
+            sharing,
         )
         self.alpha, self.beta, self.dimension, self.iid = float(alpha), float(beta), dimension, bool(iid)
         self._client_of_example: Tensor | None = None

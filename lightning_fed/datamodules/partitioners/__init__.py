@@ -7,6 +7,7 @@ from lightning_fed.datamodules.partitioners.iid import IidPartitioner
 from lightning_fed.datamodules.partitioners.natural_id import NaturalIdPartitioner
 from lightning_fed.datamodules.partitioners.shard import ShardPartitioner
 from lightning_fed.datamodules.partitioners.similarity import SimilarityPartitioner
+from lightning_fed.datamodules.partitioners.target_emd import TargetEmdPartitioner
 
 __all__ = [
     "DirichletPartitioner",
@@ -16,4 +17,5 @@ __all__ = [
     "Partitioner",
     "ShardPartitioner",
     "SimilarityPartitioner",
+    "TargetEmdPartitioner",
 ]

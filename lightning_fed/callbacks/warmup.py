@@ -1,0 +1,137 @@
+"""The warm-up model of Zhao et al.'s data sharing: central training on the shared set G before round 0."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch import LightningModule
+from torch.optim import Optimizer
+
+from lightning_fed.callbacks.base import FedCallback
+from lightning_fed.client import RoundContext
+from lightning_fed.datamodules.sharing import is_positive_number
+from lightning_fed.log_buffer import LogBuffer, batch_size_of, buffered_logging
+from lightning_fed.seeding import derive_seed, seed_torch
+
+if TYPE_CHECKING:
+    from lightning_fed.trainer import FederatedTrainer
+
+
+class SharedDataWarmup(FedCallback):
+    """Trains the global model centrally on the shared set G before the first round, and logs what was shared.
+
+    Source: Zhao et al., "Federated Learning with Non-IID Data" (arXiv:1806.00582), §4.2: "At the initialization
+    stage of FedAvg, the warm-up model trained on G and a random α portion of G are distributed to each client."
+
+    At ``on_train_start`` (before round 0; the module holds the global model between rounds, so training it in
+    place makes the warm-up model the initial global model) the module trains for ``epochs`` passes over
+    ``trainer.datamodule.shared_dataloader`` with the trainer's optimizer (fresh state, restored afterwards to the
+    trainer's learning rate) with Lightning's step semantics (precision context, gradient clipping); federated hooks
+    such as FedProx's ``client_loss`` are not applied, as the warm-up is server-side training. Epoch e's order is
+    seeded by ``derive_seed(run seed, "warmup", e)`` and its dropout masks by ``derive_seed(run seed, "warmup",
+    "torch", e)``. A resumed run (``completed_rounds > 0``) already holds the warmed-up model and skips it; with
+    β = 0 (G empty) there is nothing to train on and the warm-up is skipped too.
+
+    The datamodule's :meth:`~lightning_fed.datamodules.FederatedDataModule.sharing_statistics` (|G|, mean share
+    size, size-weighted mean EMD before and after sharing) are added to round 0's metrics.
+
+    Data sharing is switched on by the datamodule's ``sharing``; this callback is listed explicitly in
+    ``trainer.callbacks`` (the datamodule warns at setup when ``sharing.warmup_epochs > 0`` and it is missing).
+
+    Args:
+        epochs: Warm-up epochs; ``None`` uses the datamodule's ``sharing.warmup_epochs``.
+        lr: Warm-up learning rate; ``None`` uses ``sharing.warmup_lr``, else the optimizer's own.
+    """
+
+    def __init__(self, epochs: int | None = None, lr: float | None = None) -> None:
+        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0):
+            raise ValueError(f"`epochs` must be an integer >= 0 or None, got {epochs!r}.")
+        if lr is not None and not is_positive_number(lr):
+            raise ValueError(f"`lr` must be a finite positive number or None, got {lr!r}.")
+        self.epochs = epochs
+        self.lr = lr
+        self.metrics: dict[str, float] = {}
+
+    def on_train_start(self, trainer: FederatedTrainer, pl_module: LightningModule) -> None:
+        datamodule = trainer.datamodule
+        sharing = getattr(datamodule, "sharing", None)
+        if sharing is None:
+            raise ValueError(
+                "SharedDataWarmup needs a datamodule with data sharing: set `data.init_args.sharing` (e.g. "
+                "{beta: 0.05, alpha: 0.5}) or remove the callback."
+            )
+        if trainer.federation_state.completed_rounds > 0:
+            return
+        self.metrics = datamodule.sharing_statistics()
+        epochs = sharing.warmup_epochs if self.epochs is None else self.epochs
+        lr = self.lr if self.lr is not None else sharing.warmup_lr
+        # beta = 0 leaves G empty: no sharing, and nothing to warm up on, so a beta sweep can include it.
+        if epochs > 0 and self.metrics["sharing/global_set_size"] > 0:
+            self.metrics.update(self._train(trainer, pl_module, epochs, lr))
+
+    def _train(
+        self, trainer: FederatedTrainer, module: LightningModule, epochs: int, lr: float | None
+    ) -> dict[str, float]:
+        """Central SGD on G for ``epochs`` epochs, in place; returns the last epoch's logged means."""
+        seed = trainer.resolve_seed()
+        optimizer = trainer.optimizers[0]
+        saved_lrs = [group["lr"] for group in optimizer.param_groups]
+        buffer = LogBuffer()
+        metrics: dict[str, float] = {}
+        try:
+            optimizer.state.clear()
+            if lr is not None:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+            module.train()
+            with buffered_logging(module, buffer):
+                for epoch in range(epochs):
+                    loader = trainer.datamodule.shared_dataloader(seed=derive_seed(seed, "warmup", epoch))
+                    seed_torch(derive_seed(seed, "warmup", "torch", epoch))
+                    for batch_idx, batch in enumerate(loader):
+                        _step(trainer, module, optimizer, buffer, batch, batch_idx)
+                    metrics = buffer.compute()
+        finally:
+            optimizer.state.clear()
+            optimizer.zero_grad(set_to_none=True)
+            for group, saved in zip(optimizer.param_groups, saved_lrs):
+                group["lr"] = saved
+        return {f"warmup/{key}": value for key, value in metrics.items()}
+
+    def on_round_end(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
+    ) -> None:
+        if round_ctx.round_idx == 0:
+            metrics.update(self.metrics)
+
+
+def _step(trainer: FederatedTrainer, module: LightningModule, optimizer: Optimizer, buffer: LogBuffer, batch: Any,
+          batch_idx: int) -> None:
+    """One central step: ``training_step`` under the precision context, backward, clipping, optimizer step.
+
+    Federated hooks (``client_loss`` etc.) are not called: the warm-up is server-side training, not a client's.
+    """
+    batch = trainer.strategy.batch_to_device(batch)
+    buffer.current_batch_size = batch_size_of(batch)
+    precision = trainer.strategy.precision_plugin
+    with precision.train_step_context():
+        output = module.training_step(batch, batch_idx)
+    loss = output["loss"] if isinstance(output, Mapping) else output
+    if loss is None:
+        return
+    scaler = getattr(precision, "scaler", None)
+    module.backward(scaler.scale(loss) if scaler is not None else loss)
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if trainer.gradient_clip_val:
+        module.configure_gradient_clipping(
+            optimizer, gradient_clip_val=trainer.gradient_clip_val,
+            gradient_clip_algorithm=trainer.gradient_clip_algorithm or "norm",
+        )
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)

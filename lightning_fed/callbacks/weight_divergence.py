@@ -1,0 +1,205 @@
+"""Weight divergence of FedAvg from a centralised SGD twin (Zhao et al. 2018, §3, Eq. (1), Fig. 2)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.pytorch import LightningModule
+from torch import Tensor
+from typing_extensions import override
+
+from lightning_fed.callbacks.base import FedCallback
+from lightning_fed.client import RoundContext, StateDict
+from lightning_fed.functional.divergence import total_weight_divergence, weight_divergence
+from lightning_fed.functional.state_dict import clone_state, copy_state_
+from lightning_fed.log_buffer import LogBuffer, buffered_logging
+from lightning_fed.seeding import derive_seed, seed_torch
+
+if TYPE_CHECKING:
+    from lightning_fed.trainer import FederatedTrainer
+
+PREFIX = "divergence/"
+
+
+class WeightDivergence(FedCallback):
+    r"""Trains a centralised SGD twin beside the federated run and logs the weight divergence from it.
+
+    Zhao, Li, Lai, Suda, Civin, Chandra, "Federated Learning with Non-IID Data", arXiv:1806.00582, §3, Eq. (1):
+    :math:`\lVert \mathbf{w}^{\text{FedAvg}} - \mathbf{w}^{\text{SGD}} \rVert / \lVert \mathbf{w}^{\text{SGD}}
+    \rVert`, per layer (their Fig. 2). §2: "FedAvg with IID data should be compared to SGD with shuffling data and a
+    batch size K times larger, where K is the number of clients included at each synchronization", with "the
+    learning rate and decay rate ... identical".
+
+    The twin:
+        * starts from the round-0 global model (``round_ctx.global_params`` of the first round, so a warm-up or
+          any other initialisation applied before the first round is shared);
+        * each round trains on all clients' training data pooled (the datamodule's ``train_dataloader`` data)
+          with batch :math:`B \cdot K` (:math:`B` = ``datamodule.batch_size``, :math:`K` = clients sampled this
+          round), plain SGD (no momentum, no weight decay, no ``client_loss`` terms) at the learning rate the clients
+          use this round (``trainer.optimizers[0].param_groups[0]["lr"]`` at round start, so LR schedulers stepped
+          per round give the same decay);
+        * advances ``local_epochs`` passes over the pooled data per round; with ``local_steps`` = S it takes S
+          steps of batch :math:`B \cdot K`, i.e. it sees as many examples as the K clients together;
+        * shuffles with the first sampled client's data seed and seeds torch with that client's torch seed (forking
+          the RNG, so the federated run is unchanged). With one client holding all the data this replays the
+          client's batches and dropout masks exactly, so the divergence is 0 up to float rounding;
+        * is trained in ``on_round_start`` (before the clients), so a checkpoint taken at validation end holds a
+          twin that matches the federated model of the same round; resumed runs stay bit-identical.
+
+    It runs on the live module (weights swapped in and restored), which keeps device, precision and logging as the
+    clients have them without copying the trainer a deep copy would drag along. Gradient accumulation and
+    clipping are not applied to the twin.
+
+    Logged after each ``every_n_rounds``-th round and the last: ``divergence/<name>`` for every trainable
+    parameter tensor (``named_parameters`` names, e.g. ``net.0.weight``; buffers are left out) and
+    ``divergence/total`` (all of them as one vector). At fit end ``weight_divergence.png`` (one curve per tensor) is
+    written into the run directory.
+
+    Args:
+        every_n_rounds: Log the divergence every this many rounds (the twin still trains every round).
+    """
+
+    def __init__(self, every_n_rounds: int = 1) -> None:
+        if not isinstance(every_n_rounds, int) or isinstance(every_n_rounds, bool) or every_n_rounds < 1:
+            raise ValueError(f"`every_n_rounds` must be an integer >= 1, got {every_n_rounds!r}.")
+        self.every_n_rounds = every_n_rounds
+        self._twin: StateDict = {}
+        self._names: list[str] = []
+
+    @property
+    def twin_state(self) -> StateDict:
+        """The SGD twin's state (parameters and buffers, CPU)."""
+        return self._twin
+
+    @override
+    def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
+        self._names = [name for name, p in pl_module.named_parameters() if p.requires_grad]
+        if not self._twin:
+            if trainer.federation_state.completed_rounds > 0:
+                raise ValueError(
+                    "WeightDivergence found no SGD twin in a run resumed after round "
+                    f"{trainer.federation_state.completed_rounds}: resume from a checkpoint saved with this callback, "
+                    "or start a new run."
+                )
+            self._twin = {name: t.detach().to("cpu", copy=True) for name, t in round_ctx.global_params.items()}
+        self._train_twin(trainer, pl_module, round_ctx)
+
+    @override
+    def on_round_end(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
+    ) -> None:
+        round_number = round_ctx.round_idx + 1
+        if round_number % self.every_n_rounds and round_number != trainer.num_rounds:
+            return
+        current = pl_module.state_dict()
+        per_tensor = weight_divergence(current, self._twin, self._names)
+        metrics.update({f"{PREFIX}{name}": value for name, value in per_tensor.items()})
+        metrics[f"{PREFIX}total"] = total_weight_divergence(current, self._twin, self._names)
+
+    @override
+    def on_train_end(self, trainer: FederatedTrainer, pl_module: LightningModule) -> None:
+        history = trainer.federation_state.history
+        keys = sorted({key for entry in history for key in entry if key.startswith(PREFIX)})
+        if not trainer.is_global_zero or not keys:
+            return
+        from lightning_fed.plots.divergence import plot_weight_divergence
+        from lightning_fed.plots.io import save_figure
+
+        save_figure(plot_weight_divergence(history, keys), _run_dir(trainer) / "weight_divergence.png")
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"twin": dict(self._twin)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._twin = {name: tensor.to("cpu") for name, tensor in state_dict.get("twin", {}).items()}
+
+    def _train_twin(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
+        """One round of centralised SGD on the twin, on the live module, which is restored afterwards."""
+        live = pl_module.state_dict(keep_vars=True)
+        saved, was_training = clone_state(live), pl_module.training
+        lr = float(trainer.optimizers[0].param_groups[0]["lr"])
+        seed, round_idx, first = trainer.federation_state.seed, round_ctx.round_idx, round_ctx.client_ids[0]
+        loader = _pooled_loader(trainer, len(round_ctx.client_ids), derive_seed(seed, "data", round_idx, first))
+        params = [p for p in pl_module.parameters() if p.requires_grad]
+        optimizer = torch.optim.SGD(params, lr=lr)
+        try:
+            copy_state_(live, self._twin)
+            rng = _forked_rng(derive_seed(seed, "torch", round_idx, first))
+            with rng, buffered_logging(pl_module, LogBuffer()):
+                pl_module.train()
+                for batch_idx, batch in _batches(loader, trainer.local_epochs, trainer.local_steps):
+                    _sgd_step(trainer, pl_module, optimizer, batch, batch_idx)
+            self._twin = {name: t.detach().to("cpu", copy=True) for name, t in live.items()}
+        finally:
+            copy_state_(live, saved)
+            pl_module.train(was_training)
+            for p in params:
+                p.grad = None
+
+
+def _sgd_step(
+    trainer: FederatedTrainer, module: LightningModule, optimizer: torch.optim.Optimizer, batch: Any, batch_idx: int
+) -> None:
+    if trainer.strategy.root_device.type != "cpu":
+        batch = trainer.strategy.batch_to_device(batch)
+    with trainer.strategy.precision_plugin.train_step_context():
+        output = module.training_step(batch, batch_idx)
+    loss: Tensor | None = output["loss"] if isinstance(output, dict) else output
+    if loss is None:
+        return
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _batches(loader: Any, local_epochs: int | None, local_steps: int | None) -> Iterator[tuple[int, Any]]:
+    """``local_epochs`` passes over ``loader``, or ``local_steps`` batches (cycling), as a client does."""
+    if len(loader) == 0:
+        return
+    steps = epoch = 0
+    while True:
+        for batch_idx, batch in enumerate(loader):
+            yield batch_idx, batch
+            steps += 1
+            if local_steps is not None and steps >= local_steps:
+                return
+        epoch += 1
+        if local_epochs is not None and epoch >= local_epochs:
+            return
+
+
+def _pooled_loader(trainer: FederatedTrainer, num_clients: int, seed: int) -> Any:
+    """The datamodule's pooled ``train_dataloader`` with batch ``B * K`` and order seeded by ``seed``.
+
+    A shallow copy carries the datamodule's splits; only its batch size and loader seed are changed, so the
+    federated datamodule is left untouched.
+    """
+    datamodule = copy.copy(trainer.datamodule)
+    datamodule.batch_size = trainer.datamodule.batch_size * num_clients
+    datamodule.seed = seed
+    return datamodule.train_dataloader()
+
+
+@contextmanager
+def _forked_rng(seed: int) -> Iterator[None]:
+    """Seeds torch as a client's training does, and restores the generators afterwards."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        seed_torch(seed)
+        yield
+
+
+def _run_dir(trainer: FederatedTrainer) -> Path:
+    """The run directory the reporter writes summary.json into, else ``trainer.default_root_dir``."""
+    run_dir = trainer.fed_run_dir
+    return Path(run_dir) if run_dir is not None else Path(trainer.default_root_dir)
+
+
+__all__ = ["WeightDivergence"]
