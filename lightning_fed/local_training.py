@@ -30,6 +30,22 @@ _BATCH_HOOKS = (
 _TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
 
 
+def clip_and_step(trainer: FederatedTrainer, module: LightningModule, optimizer: Optimizer, scaler: Any) -> None:
+    """Clips gradients as the trainer is configured to (the module's hook decides how), then steps the optimizer,
+    through the AMP grad scaler when there is one (gradients must already be unscaled)."""
+    if trainer.gradient_clip_val:
+        module.configure_gradient_clipping(
+            optimizer,
+            gradient_clip_val=trainer.gradient_clip_val,
+            gradient_clip_algorithm=trainer.gradient_clip_algorithm or "norm",
+        )
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+
+
 def _overrides(obj: object, base: type, hook: str) -> bool:
     return getattr(type(obj), hook, None) is not getattr(base, hook, None)
 
@@ -148,17 +164,7 @@ class LocalTrainer:
         for callback in self._grad_hooks:
             callback.on_client_before_optimizer_step(trainer, module, ctx, optimizer)
         self._call("on_before_optimizer_step", optimizer)
-        if trainer.gradient_clip_val:
-            module.configure_gradient_clipping(
-                optimizer,
-                gradient_clip_val=trainer.gradient_clip_val,
-                gradient_clip_algorithm=trainer.gradient_clip_algorithm or "norm",
-            )
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
+        clip_and_step(trainer, module, optimizer, scaler)
         self._call("on_before_zero_grad", optimizer)
         optimizer.zero_grad(set_to_none=True)
         ctx.num_steps += 1

@@ -12,6 +12,7 @@ from lightning_fed.callbacks.base import FedCallback
 from lightning_fed.client import RoundContext
 from lightning_fed.datamodules.sharing import is_positive_number
 from lightning_fed.log_buffer import LogBuffer, batch_size_of, buffered_logging
+from lightning_fed.local_training import clip_and_step
 from lightning_fed.seeding import derive_seed, seed_torch
 
 if TYPE_CHECKING:
@@ -124,14 +125,5 @@ def _step(trainer: FederatedTrainer, module: LightningModule, optimizer: Optimiz
     module.backward(scaler.scale(loss) if scaler is not None else loss)
     if scaler is not None:
         scaler.unscale_(optimizer)
-    if trainer.gradient_clip_val:
-        module.configure_gradient_clipping(
-            optimizer, gradient_clip_val=trainer.gradient_clip_val,
-            gradient_clip_algorithm=trainer.gradient_clip_algorithm or "norm",
-        )
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
+    clip_and_step(trainer, module, optimizer, scaler)
     optimizer.zero_grad(set_to_none=True)
