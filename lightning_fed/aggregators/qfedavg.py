@@ -159,12 +159,10 @@ def mean_training_loss(trainer: FederatedTrainer, module: LightningModule, datal
     total: Tensor | float = 0.0
     count = 0
     precision = trainer.strategy.precision_plugin
-    generators = _loader_generators(dataloader)
-    states = [generator.get_state() for generator in generators]
+    # The loop hands this hook a loader of its own and seeds the client's RNG after it, so this pass cannot shift
+    # the client's training order or dropout masks.
     try:
-        # The pass must not shift the client's training order or dropout masks: restore every RNG it may draw from.
-        rng = torch.random.fork_rng(devices=_cuda_devices(module))
-        with torch.no_grad(), buffered_logging(module, LogBuffer()), rng:
+        with torch.no_grad(), buffered_logging(module, LogBuffer()):
             for batch_idx, batch in enumerate(dataloader):
                 batch = trainer.strategy.batch_to_device(batch)
                 with precision.train_step_context():
@@ -177,26 +175,7 @@ def mean_training_loss(trainer: FederatedTrainer, module: LightningModule, datal
                 count += size
     finally:
         module.train(was_training)
-        for generator, state in zip(generators, states):
-            generator.set_state(state)
     return float(total) / count if count else 0.0
-
-
-def _loader_generators(dataloader: Any) -> list[torch.Generator]:
-    """The seeded generators a loader shuffles with (on itself, its sampler or its batch sampler)."""
-    holders = [dataloader, getattr(dataloader, "sampler", None), getattr(dataloader, "batch_sampler", None)]
-    holders.append(getattr(holders[-1], "sampler", None))
-    found: list[torch.Generator] = []
-    for holder in holders:
-        generator = getattr(holder, "generator", None)
-        if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
-            found.append(generator)
-    return found
-
-
-def _cuda_devices(module: LightningModule) -> list[int]:
-    device = module.device
-    return [device.index or 0] if device.type == "cuda" else []
 
 
 __all__ = ["QFedAvg", "mean_training_loss"]

@@ -46,8 +46,9 @@ class FeatureLossTerm(FedCallback):
     call ``super()`` so the hook is still registered and removed.
 
     Args:
-        feature_layer: Dotted name of the layer to hook, as in ``named_modules()`` (e.g. ``"fc1"``,
-            ``"net.2"``), or ``None`` to use the module's ``features(x)``.
+        feature_layer: Dotted name of the layer to hook, as in ``named_modules()`` (e.g. ``"fc1"``, ``"net.2"``), or a
+            unique suffix of one (``"features_act"`` finds ``backbone.features_act``), or ``None`` to use the
+            module's ``features(x)``.
         log_name: Key the term's value is logged under.
     """
 
@@ -74,10 +75,15 @@ class FeatureLossTerm(FedCallback):
 
     def _layer(self, pl_module: LightningModule) -> nn.Module:
         assert self.feature_layer is not None
+        names = [name for name, _ in pl_module.named_modules() if name]
+        if self.feature_layer not in names:
+            # Lets a backbone's layer name ("features_act") find it inside a wrapper (ClassifierModule's `backbone.`).
+            matches = [name for name in names if name.endswith("." + self.feature_layer)]
+            if len(matches) == 1:
+                return pl_module.get_submodule(matches[0])
         try:
             return pl_module.get_submodule(self.feature_layer)
         except AttributeError:
-            names = [name for name, _ in pl_module.named_modules() if name]
             shown = ", ".join(repr(n) for n in names[:12]) + (", ..." if len(names) > 12 else "")
             raise ValueError(
                 f"`feature_layer={self.feature_layer!r}` is not a submodule of {type(pl_module).__name__}."

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule
-from torch import Tensor, nn
+from torch import Tensor
 from typing_extensions import override
 
 from lightning_fed.callbacks.feature_loss import FeatureLossTerm
@@ -210,17 +210,6 @@ class RFedAvg(FeatureLossTerm):
         if total is None:
             raise ValueError("RFedAvg got a client with no training samples; every client needs data to compute δ.")
         return total.cpu(), count
-
-    @override
-    def _layer(self, pl_module: LightningModule) -> nn.Module:
-        assert self.feature_layer is not None
-        names = [name for name, _ in pl_module.named_modules()]
-        if self.feature_layer not in names:
-            # Lets the default "features_act" find a backbone's layer inside a wrapper (e.g. ClassifierModule).
-            matches = [name for name in names if name.endswith("." + self.feature_layer)]
-            if len(matches) == 1:
-                return pl_module.get_submodule(matches[0])
-        return super()._layer(pl_module)
 
 
 def _check_choices(**choices: tuple[str, tuple[str, ...]]) -> None:
