@@ -31,6 +31,27 @@ _BATCH_HOOKS = (
 _TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
 
 
+def loss_of(output: Any) -> Tensor | None:
+    """The loss in what ``training_step`` returned: the tensor itself, the ``"loss"`` entry of a mapping, or ``None``
+    (Lightning's way of skipping a step)."""
+    return output["loss"] if isinstance(output, Mapping) else output
+
+
+def training_loss(trainer: FederatedTrainer, module: LightningModule, batch: Any, batch_idx: int) -> tuple[Tensor | None, Any]:
+    """Runs ``module.training_step`` under the precision plugin's autocast context, as Lightning does.
+
+    Every pass that trains or measures the user's loss goes through here, so mixed precision behaves the same in
+    local training, the warm-up, side passes and loss probes.
+
+    Returns:
+        The loss (``None`` when the step is skipped) and ``training_step``'s full output (for
+        ``on_train_batch_end``).
+    """
+    with trainer.strategy.precision_plugin.train_step_context():
+        output = module.training_step(batch, batch_idx)
+    return loss_of(output), output
+
+
 def clip_and_step(trainer: FederatedTrainer, module: LightningModule, optimizer: Optimizer, scaler: Any) -> None:
     """Clips gradients as the trainer is configured to (the module's hook decides how), then steps the optimizer,
     through the AMP grad scaler when there is one (gradients must already be unscaled)."""
