@@ -1,16 +1,13 @@
-"""The data that flows through a round: what a callback sees before a round, before and after a client, and what a
-client sends back to the aggregator."""
+"""The data that flows through a round: what a callback sees before a round, before and after a client, what a
+client sends back to the aggregator, and what the round hands to the trainer at its end."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import Tensor
-
-from lightning_fed.store import ClientStateStore
-
-StateDict = dict[str, Tensor]
+from lightning_fed.client_store import ClientStateStore
+from lightning_fed.functional.state_dict import StateDict
 
 
 @dataclass
@@ -52,7 +49,8 @@ class ClientContext:
         initial_params: Where local training starts. ``on_client_start`` may replace it, e.g. with a personalised
             model; it must hold every key of ``global_params``.
         num_samples: The client's training-set size.
-        state: This client's entries in the client store (per callback namespace).
+        store: The client store (per-client state that outlives the round, namespaced by callback); read this
+            client's entries with ``store.get(namespace, client_id)``.
         num_steps: Optimizer steps taken so far in local training.
         extras: Free-form per-client data shared between callbacks.
     """
@@ -86,3 +84,47 @@ class ClientUpdate:
     params: StateDict
     metrics: dict[str, float] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RoundResult:
+    """What a finished round hands to the trainer: the round loop passes it to
+    :meth:`~lightning_fed.trainer.FederatedTrainer.finish_round`, which logs it and runs ``on_round_end``.
+
+    Every rank holds the same result: client lists, metrics and per-client results are combined across processes
+    before the round returns.
+
+    Attributes:
+        context: The round's :class:`RoundContext` (sampled clients, bytes, rejections, extras).
+        metrics: The round's metrics (``round``, ``train/*``, ``global/*``, ``client/*`` or ``personal/*``,
+            ``comm/*``, ``clients/*``, ``time/round_s``); validation and ``on_round_end`` entries are added later.
+        client_results: Each evaluated client's own-test-split metrics, in client order; empty in a round without
+            per-client evaluation.
+        client_prefix: ``"personal/"`` when ``client_results`` come from personalised models, else ``"client/"``.
+    """
+
+    context: RoundContext
+    metrics: dict[str, float]
+    client_results: dict[int, dict[str, float]] = field(default_factory=dict)
+    client_prefix: str = "client/"
+
+    @property
+    def round_idx(self) -> int:
+        """0-based index of the round."""
+        return self.context.round_idx
+
+    @property
+    def sampled(self) -> list[int]:
+        """The clients sampled for the round, in training order."""
+        return list(self.context.client_ids)
+
+    @property
+    def rejected(self) -> list[int]:
+        """Sampled clients whose update was rejected as non-finite."""
+        return list(self.context.rejected)
+
+    @property
+    def accepted(self) -> list[int]:
+        """Sampled clients whose update reached the aggregator."""
+        rejected = set(self.context.rejected)
+        return [cid for cid in self.context.client_ids if cid not in rejected]

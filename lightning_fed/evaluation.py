@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from lightning_fed.distributed import rank_local_metrics
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 def eval_step_name(module: LightningModule) -> str | None:
     """``"test_step"`` when the module defines it, else ``"validation_step"``, else ``None``."""
     for name in ("test_step", "validation_step"):
-        if getattr(type(module), name, None) is not getattr(LightningModule, name):
+        if is_overridden(name, module, LightningModule):
             return name
     return None
 

@@ -31,21 +31,21 @@ class _RoundLoop(_TrainingEpochLoop):
     def run(self, data_fetcher: _DataFetcher) -> None:
         trainer: FederatedTrainer = self.trainer  # type: ignore[assignment]
         if self.runner is None:
-            self.runner = trainer._start_federation(count_step=self._count_step)
+            self.runner = trainer.start_federation(count_step=self._count_step)
         round_idx = trainer.current_epoch
         # A checkpoint saved in `on_validation_end` is taken after the round finished but before Lightning counted
         # the epoch as processed: on resume Lightning re-enters this epoch, and the round must not run twice.
         already_done = trainer.federation_state.completed_rounds > round_idx
-        metrics = None if already_done else self.runner.run(round_idx)
-        if metrics is not None:
+        result = None if already_done else self.runner.run(round_idx)
+        if result is not None:
             trainer.federation_state.completed_rounds = round_idx + 1
         self._mark_epoch_finished()
-        if metrics is not None:
+        if result is not None:
             # As Lightning's epoch loop does after its last batch: non-plateau epoch schedulers step before
             # validation; the fit loop steps plateau schedulers after it, once the monitored metric exists.
             self.update_lr_schedulers("epoch", update_plateau_schedulers=False)
             self._validate()
-            trainer._finish_round(metrics)
+            trainer.finish_round(result)
 
     def _count_step(self, steps: int = 1) -> None:
         step = self.automatic_optimization.optim_progress.optimizer.step

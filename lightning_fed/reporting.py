@@ -9,16 +9,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-
 from lightning_fed.functional.partition_stats import mean_emd
 from lightning_fed.loggers.wandb import define_round_axis, log_image, log_table, wandb_loggers
+from lightning_fed.schedule import is_due
 
 if TYPE_CHECKING:
+    from lightning_fed.client import RoundResult
     from lightning_fed.trainer import FederatedTrainer
-
-ROUND_PREFIXES = [
-    "global", "client", "train", "comm", "time", "clients", "personal", "sharing", "warmup", "divergence", "fedamp", "heurfedamp",
-]
 
 
 def resolve_run_dir(trainer: FederatedTrainer) -> Path:
@@ -76,14 +73,17 @@ class RunReporter:
         self.histogram = datamodule.label_histogram()
         self.emd = datamodule.client_emd()
         self.mean_emd = mean_emd(self.histogram)
+        # Metric groups already put on W&B's round axis; every group a round logs joins it on first sight.
+        self._round_axis: set[str] = set()
+        # The latest per-client evaluation, for rounds that evaluate no client (tables and the summary).
+        self.client_results: dict[int, dict[str, float]] = {}
+        self.client_prefix = "client/"
 
     def on_fit_start(self) -> None:
         """Creates the run directory, sets up W&B's round axis and logs the partition."""
         if not self.trainer.is_global_zero:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        for logger in wandb_loggers(self.trainer.loggers):
-            define_round_axis(logger, ROUND_PREFIXES)
         self._log_partition()
 
     def _log_partition(self) -> None:
@@ -95,13 +95,44 @@ class RunReporter:
             logger.log_metrics(stats, step=0)
         publish_figure(self.trainer, figure, "partition.png", "partition/label_histogram", f"mean EMD {self.mean_emd:.3f}")
 
+    def report_round(self, result: RoundResult) -> Path | None:
+        """Logs a finished round, its per-client table when due, and rewrites ``summary.json`` (rank 0 only).
+
+        Returns:
+            The summary's path on rank 0, ``None`` on other ranks.
+        """
+        if result.client_results:
+            self.client_results, self.client_prefix = result.client_results, result.client_prefix
+        self.log_round(result.metrics)
+        round_number = result.round_idx + 1
+        if is_due(round_number, self.trainer.client_table_every_n_rounds, self.trainer.num_rounds):
+            self.log_client_table(round_number, self.client_results, self.client_prefix)
+        if not self.trainer.is_global_zero:
+            return None
+        return self.write_summary(self.client_results, self.client_prefix)
+
     def log_round(self, metrics: dict[str, float]) -> None:
-        """Logs a round's metrics at the current global step (rank 0 only); W&B plots them against ``round``."""
+        """Logs a round's metrics at the current global step (rank 0 only).
+
+        Every metric of the round, whoever added it (the round, a callback's ``on_round_end``), is plotted on W&B
+        against ``round``: its group (the part before the first ``/``) is declared on the round axis the first time
+        it appears, so no list of algorithm prefixes has to be kept in step with the algorithms.
+        """
         if not self.trainer.is_global_zero:
             return
+        self._declare_round_axis(metrics)
         finite = {key: value for key, value in metrics.items() if not math.isnan(value)}
         for logger in self.trainer.loggers:
             logger.log_metrics(finite, step=self.trainer.global_step)
+
+    def _declare_round_axis(self, metrics: dict[str, float]) -> None:
+        groups = {key.split("/", 1)[0] + "/*" if "/" in key else key for key in metrics if key != "round"}
+        new = sorted(groups - self._round_axis)
+        if not new:
+            return
+        for logger in wandb_loggers(self.trainer.loggers):
+            define_round_axis(logger, new)
+        self._round_axis.update(new)
 
     def log_client_table(self, round_number: int, per_client: dict[int, dict[str, float]], prefix: str = "client/") -> None:
         """A per-client results table (W&B) and the accuracy distribution plot (``client_accuracy.png``)."""

@@ -1,4 +1,5 @@
-"""One federated round: sample, train each client, aggregate, evaluate."""
+"""One federated round: sample, train each client, aggregate; evaluation is delegated to
+:class:`~lightning_fed.round_evaluation.RoundEvaluator` and cross-process merging to :mod:`lightning_fed.rank_shares`."""
 
 from __future__ import annotations
 
@@ -6,22 +7,21 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.optim import Optimizer
 
-from lightning_fed import distributed
-from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, StateDict
-from lightning_fed.evaluation import accuracy_key, client_statistics, evaluate
-from lightning_fed.functional.state_dict import all_finite, clone_state, copy_state_, state_nbytes
+from lightning_fed.aggregators.base import Aggregator
+from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, RoundResult
+from lightning_fed.federation_state import FederationState
+from lightning_fed.functional.state_dict import StateDict, all_finite, clone_state, copy_state_, state_nbytes
 from lightning_fed.local_training import LocalTrainer
+from lightning_fed.rank_shares import combine_shares, sync_store
+from lightning_fed.round_evaluation import RoundEvaluator
 from lightning_fed.seeding import derive_seed, seed_torch
+from lightning_fed import distributed
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
-
-# Per-client results of the global model and of personalised models are logged under different names, so that
-# nobody reads one for the other.
-CLIENT_PREFIX = "client/"
-PERSONAL_PREFIX = "personal/"
 
 
 def fed_participants(trainer: FederatedTrainer) -> list[Any]:
@@ -40,6 +40,11 @@ class RoundRunner:
     in turn, trained in place, and finally loaded with the aggregate. Everything random is drawn from seeds derived
     from ``(run seed, purpose, round, client)``, so a round does not depend on the rounds before it or on where it
     runs, and a resumed run is bit-identical.
+
+    Args:
+        trainer: The federated trainer (settings, sampler, aggregator, callbacks, federation state).
+        module: The user's LightningModule.
+        count_step: Advances ``trainer.global_step`` by one optimizer step (``count_step(n)``: by ``n``).
     """
 
     def __init__(self, trainer: FederatedTrainer, module: LightningModule, count_step: Any) -> None:
@@ -48,24 +53,25 @@ class RoundRunner:
         self.datamodule = trainer.datamodule
         self.local = LocalTrainer(trainer, module, count_step)
         self.live: StateDict = module.state_dict(keep_vars=True)
-        self._test_loader = None
+        self.evaluator = RoundEvaluator(trainer, module, self.live, self.local.buffer, self.dispatch)
         self._steps_taken = 0
-        self.last_client_metrics: dict[int, dict[str, float]] = {}
-        self.last_client_prefix = CLIENT_PREFIX
-        self.last_round_ctx: RoundContext | None = None
+        # A probe costs a pass over the client's data: only aggregators that define one get a loader.
+        self._aggregator_probes = is_overridden("probe_client", trainer.aggregator, Aggregator)
 
     @property
-    def state(self) -> Any:
+    def state(self) -> FederationState:
+        """The run's federated state (seed, counters, history, client store)."""
         return self.trainer.federation_state
 
     def dispatch(self, hook: str, *args: Any) -> None:
+        """Calls federated hook ``hook`` on every callback, then on the aggregator, where they define it."""
         for callback in fed_participants(self.trainer):
             method = getattr(callback, hook, None)
             if callable(method):
                 method(self.trainer, self.module, *args)
 
-    def run(self, round_idx: int) -> dict[str, float]:
-        """Trains, aggregates and evaluates round ``round_idx``; returns its metrics (validation not included).
+    def run(self, round_idx: int) -> RoundResult:
+        """Trains, aggregates and evaluates round ``round_idx``; returns its result (validation not included).
 
         With several processes every rank runs this with the same sampled clients and trains its share of them;
         what the shares produce (client store entries, metrics, bytes, steps, the aggregate) is combined across
@@ -94,55 +100,21 @@ class RoundRunner:
             update = self._train_client(round_ctx, client_id)
             if update is not None:
                 train_metrics[client_id] = update.metrics
-        ordered_metrics = self._combine_shares(round_ctx, bytes_before, train_metrics)
-        self._sync_store()
+        ordered_metrics, other_steps = combine_shares(round_ctx, bytes_before, train_metrics, self._steps_taken)
+        if other_steps:
+            # global_step counts every optimizer step of the round, as in one process, on every rank.
+            self.local.count_step(other_steps)
+        sync_store(self.state.store)
         new_params = trainer.aggregator.compute(global_params)
         self.dispatch("on_aggregate", round_ctx, new_params)
         # on_aggregate runs alike on every rank too: its store writes need no exchange either.
         self.state.store.take_changes()
         copy_state_(self.live, new_params)
         metrics = self._round_metrics(round_ctx, ordered_metrics)
-        metrics.update(self._evaluate(round_idx, client_ids))
+        eval_metrics, client_results, client_prefix = self.evaluator.run(round_idx, client_ids)
+        metrics.update(eval_metrics)
         metrics["time/round_s"] = time.perf_counter() - start
-        self.last_round_ctx = round_ctx
-        return metrics
-
-    def _combine_shares(
-        self, round_ctx: RoundContext, bytes_before: tuple[int, int], train_metrics: dict[int, dict[str, float]]
-    ) -> list[dict[str, float]]:
-        """Merges the ranks' client metrics, rejections, bytes and optimizer steps; returns the metrics in round order.
-
-        Bytes counted before training (by ``on_round_start``, alike on every rank) are counted once; the per-client
-        bytes of every rank are added to them.
-        """
-        share = {
-            "metrics": train_metrics,
-            "rejected": list(round_ctx.rejected),
-            "bytes": (round_ctx.bytes_up - bytes_before[0], round_ctx.bytes_down - bytes_before[1]),
-            "steps": self._steps_taken,
-        }
-        shares = distributed.all_gather_object(share)
-        if len(shares) == 1:
-            return list(train_metrics.values())
-        position = {cid: i for i, cid in enumerate(round_ctx.client_ids)}
-        merged = {cid: m for other in shares for cid, m in other["metrics"].items()}
-        rejected = {cid for other in shares for cid in other["rejected"]}
-        round_ctx.rejected[:] = sorted(rejected, key=position.__getitem__)
-        round_ctx.bytes_up = bytes_before[0] + sum(other["bytes"][0] for other in shares)
-        round_ctx.bytes_down = bytes_before[1] + sum(other["bytes"][1] for other in shares)
-        # global_step counts every optimizer step of the round, as in one process, on every rank.
-        self.local.count_step(sum(other["steps"] for other in shares) - self._steps_taken)
-        return [merged[cid] for cid in sorted(merged, key=position.__getitem__)]
-
-    def _sync_store(self) -> None:
-        """Gives every rank the client-store entries that the others wrote since the last exchange."""
-        changes = self.state.store.take_changes()
-        if not distributed.is_distributed():
-            return
-        own = distributed.rank()
-        for other_rank, other in enumerate(distributed.all_gather_object(changes)):
-            if other_rank != own:
-                self.state.store.apply_changes(other)
+        return RoundResult(round_ctx, metrics, client_results, client_prefix)
 
     def _train_client(self, round_ctx: RoundContext, client_id: int) -> ClientUpdate | None:
         trainer, seed = self.trainer, self.state.seed
@@ -160,12 +132,13 @@ class RoundRunner:
         # Hooks get a loader of their own, and the RNG is seeded after them: whatever they iterate or draw cannot
         # shift the client's data order or dropout masks.
         self.dispatch("on_client_train_start", ctx, self.datamodule.client_dataloader(client_id, seed=data_seed))
+        probe = self._probe_client(ctx, data_seed)
         seed_torch(derive_seed(seed, "torch", round_ctx.round_idx, client_id))
         loader = self.datamodule.client_dataloader(client_id, seed=data_seed)
         optimizer = self._client_optimizer(client_id)
         metrics = self.local.fit_client(ctx, loader, optimizer, trainer.local_epochs, trainer.local_steps)
         self._steps_taken += ctx.num_steps
-        update = ClientUpdate(client_id, ctx.num_samples, ctx.num_steps, clone_state(self.live), metrics)
+        update = ClientUpdate(client_id, ctx.num_samples, ctx.num_steps, clone_state(self.live), metrics, probe)
         round_ctx.bytes_down += state_nbytes(ctx.initial_params)
         round_ctx.bytes_up += state_nbytes(update.params)
         if trainer.keep_optimizer_state:
@@ -175,6 +148,13 @@ class RoundRunner:
         self.dispatch("on_client_end", ctx, update)
         trainer.aggregator.update(update)
         return update
+
+    def _probe_client(self, ctx: ClientContext, data_seed: int) -> dict[str, Any]:
+        """The aggregator's client-side measurement (q-FedAvg's loss at the global model), for ``update.extras``."""
+        if not self._aggregator_probes:
+            return {}
+        loader = self.datamodule.client_dataloader(ctx.client_id, seed=data_seed)
+        return dict(self.trainer.aggregator.probe_client(self.trainer, self.module, ctx, loader))
 
     def _reject(self, round_ctx: RoundContext, client_id: int) -> None:
         round_ctx.rejected.append(client_id)
@@ -216,60 +196,6 @@ class RoundRunner:
             name = key.removeprefix("train_").removeprefix("train/")
             metrics[f"train/{name}"] = sum(values) / len(values)
         return metrics
-
-    def _evaluate(self, round_idx: int, sampled: list[int]) -> dict[str, float]:
-        trainer, dm = self.trainer, self.datamodule
-        is_last = round_idx + 1 == trainer.num_rounds
-        metrics: dict[str, float] = {}
-        if trainer.eval_every_n_rounds and ((round_idx + 1) % trainer.eval_every_n_rounds == 0 or is_last):
-            if self._test_loader is None:
-                self._test_loader = dm.test_dataloader()
-            result = evaluate(trainer, self.module, self._test_loader, self.local.buffer)
-            metrics.update({f"global/{key}": value for key, value in result.items()})
-        every = trainer.client_eval_every_n_rounds
-        if trainer.client_eval != "none" and every and ((round_idx + 1) % every == 0 or is_last):
-            client_ids = list(range(dm.num_clients)) if trainer.client_eval == "all" else sampled
-            self.last_client_metrics, personalised = self._evaluate_clients(round_idx, client_ids)
-            self.last_client_prefix = PERSONAL_PREFIX if personalised else CLIENT_PREFIX
-            metrics.update(client_statistics(self.last_client_metrics, prefix=self.last_client_prefix))
-        return metrics
-
-    def _evaluate_clients(self, round_idx: int, client_ids: list[int]) -> tuple[dict[int, dict[str, float]], bool]:
-        """Evaluates each client on its own test split; returns the results and whether any model was personalised.
-
-        With several processes each rank evaluates every ``world_size``-th client and the results are gathered, so
-        every rank returns all of them, in ``client_ids`` order.
-        """
-        world = distributed.world_size()
-        results, any_personalised = self._evaluate_share(round_idx, client_ids[distributed.rank() :: world])
-        if world == 1:
-            return results, any_personalised
-        shares = distributed.all_gather_object((results, any_personalised))
-        self._sync_store()
-        merged = {cid: metrics for share, _ in shares for cid, metrics in share.items()}
-        return {cid: merged[cid] for cid in client_ids if cid in merged}, any(flag for _, flag in shares)
-
-    def _evaluate_share(self, round_idx: int, client_ids: list[int]) -> tuple[dict[int, dict[str, float]], bool]:
-        global_params = None
-        any_personalised = False
-        results: dict[int, dict[str, float]] = {}
-        for client_id in client_ids:
-            # Built on demand (tens of µs): caching a loader per client would grow with the federation.
-            loader = self.datamodule.client_test_dataloader(client_id)
-            if loader is None:
-                continue
-            if global_params is None:
-                global_params = clone_state(self.live)
-            ctx = ClientContext(client_id, round_idx, global_params, global_params, self.datamodule.client_num_samples(client_id), self.state.store)
-            self.dispatch("on_client_evaluate_start", ctx)
-            personalised = ctx.initial_params is not global_params
-            any_personalised |= personalised
-            if personalised:
-                copy_state_(self.live, ctx.initial_params)
-            results[client_id] = evaluate(self.trainer, self.module, loader, self.local.buffer)
-            if personalised:
-                copy_state_(self.live, global_params)
-        return results, any_personalised
 
     def train_locally(
         self,
@@ -316,16 +242,3 @@ class RoundRunner:
             optimizer.state.clear()
             copy_state_(self.live, saved)
             self.module.train(was_training)
-
-    @staticmethod
-    def headline(metrics: dict[str, float]) -> dict[str, float]:
-        """The global and mean per-client accuracy, for progress display and the final printout."""
-        shown: dict[str, float] = {}
-        global_key = accuracy_key({k: v for k, v in metrics.items() if k.startswith("global/")})
-        if global_key:
-            shown[global_key] = metrics[global_key]
-        for prefix in (CLIENT_PREFIX, PERSONAL_PREFIX):
-            client_key = accuracy_key({k: v for k, v in metrics.items() if k.startswith(prefix) and k.endswith("_mean")})
-            if client_key:
-                shown[client_key] = metrics[client_key]
-        return shown

@@ -13,14 +13,16 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from lightning_fed import distributed
 from lightning_fed.aggregators import Aggregator, FedAvg
 from lightning_fed.callbacks.progress import RoundProgressBar
+from lightning_fed.client import RoundResult
+from lightning_fed.distributed import check_world_size
+from lightning_fed.evaluation import best_mean_accuracy
+from lightning_fed.federation_state import FederationState
 from lightning_fed.loop import install_round_loop
 from lightning_fed.reporting import RunReporter
-from lightning_fed.evaluation import best_mean_accuracy
-from lightning_fed.round import CLIENT_PREFIX, PERSONAL_PREFIX, RoundRunner
+from lightning_fed.round import RoundRunner
+from lightning_fed.round_evaluation import CLIENT_PREFIX, PERSONAL_PREFIX, headline
 from lightning_fed.sampling import UniformClientSampler
-from lightning_fed.state import FederationState
-from lightning_fed.distributed import check_world_size
-from lightning_fed.validation import (
+from lightning_fed.setup_checks import (
     check_fit_setup,
     check_module_setup,
     check_no_sync_batchnorm,
@@ -90,7 +92,7 @@ class FederatedTrainer(Trainer):
     ) -> None:
         check_round_settings(
             num_rounds, local_epochs, local_steps, eval_every_n_rounds, client_eval, client_eval_every_n_rounds,
-            client_table_every_n_rounds, on_client_divergence,
+            client_table_every_n_rounds, on_client_divergence, keep_optimizer_state, seed,
         )
         for name, default in _EPOCH_ARGS.items():
             if kwargs.get(name, default) != default:
@@ -112,6 +114,9 @@ class FederatedTrainer(Trainer):
         self.federation_state = FederationState()
         self._restored = False
         self._reporter: RunReporter | None = None
+        self._runner: RoundRunner | None = None
+        self._last_round_result: RoundResult | None = None
+        self.summary_path: Path | None = None
         self._resolved_run_dir: Path | None = None
         kwargs["callbacks"] = self._default_callbacks(kwargs)
         super().__init__(max_epochs=num_rounds, **kwargs)
@@ -167,7 +172,7 @@ class FederatedTrainer(Trainer):
     @property
     def fed_runner(self) -> RoundRunner | None:
         """The running fit's round runner (``train_locally`` for fine-tuning); ``None`` outside a fit."""
-        return getattr(self, "_runner", None)
+        return self._runner
 
     @property
     def fed_run_dir(self) -> Path | None:
@@ -180,8 +185,20 @@ class FederatedTrainer(Trainer):
             return self.federation_state.seed
         return self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
 
-    def _start_federation(self, count_step: Any) -> RoundRunner:
-        """Called by the round loop before its first round in this process (after any checkpoint is restored)."""
+    @property
+    def last_round_result(self) -> RoundResult | None:
+        """The latest round's :class:`~lightning_fed.client.RoundResult` in this process; ``None`` before one."""
+        return self._last_round_result
+
+    def start_federation(self, count_step: Any) -> RoundRunner:
+        """Prepares the rounds of a fit and returns their runner.
+
+        Called by the round loop before its first round in this process, after any checkpoint is restored: checks
+        the module and the process layout against the settings, fixes the run seed and opens the run directory.
+
+        Args:
+            count_step: Advances ``global_step`` by one optimizer step (``count_step(n)``: by ``n``).
+        """
         module = self.lightning_module
         check_module_setup(self, module)
         self.federation_state.seed = self.resolve_seed()
@@ -194,8 +211,11 @@ class FederatedTrainer(Trainer):
         self._runner = RoundRunner(self, module, count_step)
         return self._runner
 
-    def _finish_round(self, metrics: dict[str, float]) -> None:
-        """Merges validation metrics, runs ``on_round_end``, records and logs the round."""
+    def finish_round(self, result: RoundResult) -> None:
+        """Completes a round after Lightning's validation: adds validation metrics and BMTA to ``result.metrics``,
+        runs ``on_round_end``, records the round in the history and reports it (loggers, tables, summary)."""
+        assert self._runner is not None and self._reporter is not None, "finish_round runs after start_federation"
+        metrics = result.metrics
         state = self.federation_state
         state.wall_time_s += metrics["time/round_s"]
         for key, value in self.callback_metrics.items():
@@ -205,23 +225,17 @@ class FederatedTrainer(Trainer):
             bmta = best_mean_accuracy(state.history, metrics, prefix)
             if bmta is not None:
                 metrics[f"{prefix}bmta"] = bmta
-        self._runner.dispatch("on_round_end", self._runner.last_round_ctx, metrics)
+        self._runner.dispatch("on_round_end", result.context, metrics)
         state.history.append(metrics)
         self.callback_metrics.update({key: torch.tensor(value) for key, value in metrics.items()})
-        assert self._reporter is not None
-        self._reporter.log_round(metrics)
-        round_number = int(metrics["round"])
-        every = self.client_table_every_n_rounds
-        if every and (round_number % every == 0 or round_number == self.num_rounds):
-            self._reporter.log_client_table(round_number, self._runner.last_client_metrics, self._runner.last_client_prefix)
-        if self.is_global_zero:
-            self.summary_path = self._reporter.write_summary(self._runner.last_client_metrics, self._runner.last_client_prefix)
+        self._last_round_result = result
+        self.summary_path = self._reporter.report_round(result)
 
     def _print_final(self) -> None:
         history = self.federation_state.history
         if not history:
             return
-        shown = RoundRunner.headline(history[-1])
+        shown = headline(history[-1])
         text = ", ".join(f"{key}={value:.4f}" for key, value in shown.items()) or "no accuracy logged"
         self.print(f"[lightning_fed] final after {len(history)} rounds: {text}")
         assert self._reporter is not None

@@ -77,7 +77,7 @@ def _test_labels(datamodule, cid):
 
 def test_every_client_is_evaluated_with_its_personalised_parameters(one_class_run):
     trainer, _, datamodule = one_class_run
-    per_client = trainer.fed_runner.last_client_metrics
+    per_client = trainer.last_round_result.client_results
     # One client trains per round, yet all are evaluated.
     assert sorted(per_client) == list(range(NUM_CLIENTS))
     for cid, metrics in per_client.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.optim import Optimizer
 
@@ -118,6 +119,9 @@ class FedCallback(Callback):
 
 
 def overridden_hooks(callback: object, hook: str) -> bool:
-    """Whether ``callback`` defines ``hook`` with a body of its own (not FedCallback's no-op)."""
-    method = getattr(type(callback), hook, None)
-    return method is not None and method is not getattr(FedCallback, hook, None)
+    """Whether ``callback`` defines ``hook`` with a body of its own (not FedCallback's no-op).
+
+    Objects that are not ``FedCallback`` subclasses (an aggregator, a duck-typed callback) count when they define
+    the hook at all.
+    """
+    return is_overridden(hook, callback, FedCallback)

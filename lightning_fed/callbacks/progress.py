@@ -63,9 +63,9 @@ class RoundProgressBar(FedCallback, ProgressBar):
 
     @override
     def on_round_end(self, trainer: Any, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]) -> None:
-        from lightning_fed.round import RoundRunner
+        from lightning_fed.round_evaluation import headline
 
-        self._shown = {key.split("/")[-1].replace("_mean", "(clients)"): f"{value:.4f}" for key, value in RoundRunner.headline(metrics).items()}
+        self._shown = {key.split("/")[-1].replace("_mean", "(clients)"): f"{value:.4f}" for key, value in headline(metrics).items()}
         self._refresh()
         if self._bar is not None:
             self._bar.update(1)

@@ -52,12 +52,15 @@ def wandb_loggers(loggers: list[Any]) -> list[_LightningWandbLogger]:
     return [logger for logger in loggers if isinstance(logger, _LightningWandbLogger)]
 
 
-def define_round_axis(logger: _LightningWandbLogger, prefixes: list[str]) -> None:
-    """Plots every ``<prefix>/*`` metric against ``round`` instead of the global step."""
+def define_round_axis(logger: _LightningWandbLogger, names: list[str]) -> None:
+    """Plots each of ``names`` against ``round`` instead of the global step.
+
+    A name is a metric (``"val_loss"``) or a group glob (``"scaffold/*"``).
+    """
     experiment = logger.experiment
     experiment.define_metric("round")
-    for prefix in prefixes:
-        experiment.define_metric(f"{prefix}/*", step_metric="round")
+    for name in names:
+        experiment.define_metric(name, step_metric="round")
 
 
 def log_image(logger: _LightningWandbLogger, key: str, path: str, caption: str | None = None) -> None:

@@ -1,0 +1,114 @@
+"""Eager checks of a federated setup, with errors that name the argument to change."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch import LightningDataModule, LightningModule
+from torch import nn
+
+from lightning_fed.checks import InvalidArgumentError, check_bool, check_choice, check_int
+
+if TYPE_CHECKING:
+    from lightning_fed.trainer import FederatedTrainer
+
+_FEDERATED_DATAMODULE_API = ("client_dataloader", "client_test_dataloader", "client_num_samples", "num_clients")
+
+
+def check_round_settings(
+    num_rounds: int,
+    local_epochs: int | None,
+    local_steps: int | None,
+    eval_every_n_rounds: int,
+    client_eval: str,
+    client_eval_every_n_rounds: int,
+    client_table_every_n_rounds: int,
+    on_client_divergence: str,
+    keep_optimizer_state: bool = False,
+    seed: int | None = None,
+) -> None:
+    """Validates ``FederatedTrainer``'s own arguments (``clients_per_round`` is checked by the sampler)."""
+    check_int("num_rounds", num_rounds, minimum=1)
+    if local_epochs is not None and local_steps is not None:
+        raise InvalidArgumentError(
+            "local_epochs",
+            local_epochs,
+            f"None when `local_steps` is set (local_steps={local_steps!r}): set either `local_epochs` or `local_steps`",
+        )
+    check_int("local_epochs", local_epochs, minimum=1, allow_none=True)
+    check_int("local_steps", local_steps, minimum=1, allow_none=True)
+    check_int("eval_every_n_rounds", eval_every_n_rounds, minimum=0)
+    check_int("client_eval_every_n_rounds", client_eval_every_n_rounds, minimum=0)
+    check_int("client_table_every_n_rounds", client_table_every_n_rounds, minimum=0)
+    check_choice("client_eval", client_eval, ("all", "sampled", "none"))
+    check_choice("on_client_divergence", on_client_divergence, ("skip", "raise"))
+    check_bool("keep_optimizer_state", keep_optimizer_state)
+    # Every draw derives its own 63-bit seed from the run seed by hashing, so any integer is a valid run seed.
+    check_int("seed", seed, allow_none=True)
+
+
+def check_fit_setup(datamodule: LightningDataModule | None, train_dataloaders: Any, val_dataloaders: Any) -> None:
+    """Federated training needs per-client data: a ``FederatedDataModule``, not plain dataloaders."""
+    if train_dataloaders is not None or val_dataloaders is not None:
+        raise TypeError(
+            "FederatedTrainer.fit takes `datamodule=` a FederatedDataModule, not dataloaders: wrap your datasets"
+            " with `lightning_fed.datamodules.DatasetFederated(train, test, num_classes, partitioner)`."
+        )
+    missing = [name for name in _FEDERATED_DATAMODULE_API if not hasattr(datamodule, name)]
+    if datamodule is None or missing:
+        raise TypeError(
+            f"FederatedTrainer.fit needs `datamodule` to be a FederatedDataModule (got {type(datamodule).__name__},"
+            f" missing {missing}). Wrap your datasets with `lightning_fed.datamodules.DatasetFederated`."
+        )
+
+
+def check_module_setup(trainer: FederatedTrainer, module: LightningModule) -> None:
+    """Checks what the lean client loop and the attached algorithms support, once the module is set up."""
+    if not module.automatic_optimization:
+        raise ValueError(
+            f"{type(module).__name__} uses manual optimisation (`automatic_optimization = False`), which"
+            " FederatedTrainer does not support: let Lightning's automatic optimisation step one optimizer."
+        )
+    if len(trainer.optimizers) != 1:
+        raise ValueError(
+            f"`configure_optimizers` returned {len(trainer.optimizers)} optimizers; FederatedTrainer needs exactly one."
+        )
+    for config in trainer.lr_scheduler_configs:
+        if config.interval != "epoch":
+            raise ValueError(
+                f"LR scheduler {type(config.scheduler).__name__} has `interval={config.interval!r}`; federated"
+                " training steps schedulers once per round: return it with `interval='epoch'`."
+            )
+    precision = trainer.strategy.precision_plugin
+    if getattr(precision, "scaler", None) is not None:
+        refusing = [type(cb).__name__ for cb in trainer.callbacks if getattr(cb, "supports_loss_scaling", True) is False]
+        if refusing:
+            raise ValueError(
+                f"fp16 loss scaling (`precision='16-mixed'`) can skip optimizer steps, which breaks {refusing}:"
+                " use `precision='bf16-mixed'` or `'32-true'`."
+            )
+    num_clients = trainer.datamodule.num_clients
+    if num_clients < 1:
+        raise ValueError("The datamodule has no clients: check the partitioner's `num_partitions`.")
+
+
+def check_no_sync_batchnorm(module: nn.Module, world_size: int) -> None:
+    """With several processes a SyncBatchNorm would mix the batch statistics of clients on different ranks."""
+    if world_size <= 1:
+        return
+    synced = [name for name, m in module.named_modules() if isinstance(m, nn.SyncBatchNorm)]
+    if synced:
+        raise ValueError(
+            f"SyncBatchNorm layers {synced[:3]} would average batch statistics across ranks, i.e. across clients"
+            " that train on different processes: drop `sync_batchnorm=True` (or convert them back to BatchNorm)."
+        )
+
+
+def check_process_group(trainer_world_size: int, group_world_size: int) -> None:
+    """The rounds are split over torch.distributed's default process group, which must be the trainer's."""
+    if group_world_size != trainer_world_size:
+        raise ValueError(
+            f"torch.distributed's default process group has {group_world_size} processes but the trainer runs on"
+            f" {trainer_world_size}: FederatedTrainer splits each round over that group. Let Lightning's strategy"
+            " create it (`strategy='ddp'` with `devices`/`num_nodes`), or destroy the foreign group before `fit`."
+        )
