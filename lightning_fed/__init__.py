@@ -2,7 +2,7 @@
 
 from lightning_fed.aggregators import Aggregator, FedAvg
 from lightning_fed.callbacks import FedCallback, ParameterPenalty, RoundProgressBar
-from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, RoundResult
 from lightning_fed.round import ClientDivergedError
 from lightning_fed.client_store import ClientStateStore
 from lightning_fed.trainer import FederatedTrainer
@@ -20,5 +20,6 @@ __all__ = [
     "FederatedTrainer",
     "ParameterPenalty",
     "RoundContext",
+    "RoundResult",
     "RoundProgressBar",
 ]
