@@ -102,6 +102,7 @@ class RoundRunner:
         self.state.store.take_changes()
         copy_state_(self.live, new_params)
         metrics = self._round_metrics(round_ctx, ordered_metrics)
+        metrics.update(trainer.aggregator.round_metrics())  # TEMPORARY (issue 12, wt-server)
         metrics.update(self._evaluate(round_idx, client_ids))
         metrics["time/round_s"] = time.perf_counter() - start
         self.last_round_ctx = round_ctx
@@ -160,12 +161,17 @@ class RoundRunner:
         # Hooks get a loader of their own, and the RNG is seeded after them: whatever they iterate or draw cannot
         # shift the client's data order or dropout masks.
         self.dispatch("on_client_train_start", ctx, self.datamodule.client_dataloader(client_id, seed=data_seed))
+        # TEMPORARY (issue 12, wt-server): the lead redoes this call when round.py is split.
+        probe = trainer.aggregator.probe_client(
+            trainer, self.module, ctx, self.datamodule.client_dataloader(client_id, seed=data_seed)
+        )
         seed_torch(derive_seed(seed, "torch", round_ctx.round_idx, client_id))
         loader = self.datamodule.client_dataloader(client_id, seed=data_seed)
         optimizer = self._client_optimizer(client_id)
         metrics = self.local.fit_client(ctx, loader, optimizer, trainer.local_epochs, trainer.local_steps)
         self._steps_taken += ctx.num_steps
         update = ClientUpdate(client_id, ctx.num_samples, ctx.num_steps, clone_state(self.live), metrics)
+        update.extras.update(probe)
         round_ctx.bytes_down += state_nbytes(ctx.initial_params)
         round_ctx.bytes_up += state_nbytes(update.params)
         if trainer.keep_optimizer_state:
