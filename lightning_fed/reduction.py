@@ -63,8 +63,8 @@ def reduce_across_ranks(values: Mapping[str, Any], reductions: Mapping[str, Redu
     the same order, with the same names.
 
     Raises:
-        ValueError: If a reduction is unknown, a ``"sum"`` holds something other than tensors and numbers, or a
-            ``"merge"`` key comes from two ranks.
+        ValueError: If a reduction is unknown, or a ``"merge"`` key comes from two ranks.
+        TypeError: If a ``"sum"`` holds something other than tensors, numbers and mappings of them.
     """
     unknown = {name: kind for name, kind in reductions.items() if kind not in REDUCTIONS}
     if unknown:
@@ -104,7 +104,7 @@ def _flatten(value: Any, where: str, leaves: list[Tensor]) -> None:
         for key, item in value.items():
             _flatten(item, f"{where}/{key}", leaves)
     else:
-        raise ValueError(
+        raise TypeError(
             f"The summed round state `{where}` holds {type(value).__name__}: a sum holds tensors, numbers or"
             " mappings of them."
         )
@@ -116,7 +116,7 @@ def _unflatten(value: Any, leaves: Any) -> Any:
     if isinstance(value, Mapping):
         return {key: _unflatten(item, leaves) for key, item in value.items()}
     total = next(leaves).item()
-    return int(round(total)) if isinstance(value, numbers.Integral) else float(total)
+    return round(total) if isinstance(value, numbers.Integral) else float(total)
 
 
 def _merge(parts: list[Mapping[Any, Any]], name: str) -> dict[Any, Any]:
