@@ -39,6 +39,7 @@ from lightning.fabric.utilities.apply_func import apply_to_collection
 from torch import Tensor
 
 from lightning_fed import distributed
+from lightning_fed.checks import InvalidArgumentError, check_choice, check_instance
 
 Reduction = Literal["sum", "merge", "last"]
 REDUCTIONS: tuple[Reduction, ...] = ("sum", "merge", "last")
@@ -63,12 +64,11 @@ def reduce_across_ranks(values: Mapping[str, Any], reductions: Mapping[str, Redu
     the same order, with the same names.
 
     Raises:
-        ValueError: If a reduction is unknown, or a ``"merge"`` key comes from two ranks.
+        ValueError: If a value has no known reduction, or a ``"merge"`` key comes from two ranks.
         TypeError: If a ``"sum"`` holds something other than tensors, numbers and mappings of them.
     """
-    unknown = {name: kind for name, kind in reductions.items() if kind not in REDUCTIONS}
-    if unknown:
-        raise ValueError(f"Unknown reductions {unknown}: use one of {', '.join(map(repr, REDUCTIONS))}.")
+    for name in values:
+        check_choice(f"reductions[{name!r}]", reductions.get(name), REDUCTIONS)
     result = dict(values)
     if not distributed.is_distributed():
         return result
@@ -143,12 +143,18 @@ class _Declared:
     structure: Any  # a sum's keys and shapes, checked before reducing; None otherwise
 
 
-def _structure(value: Any) -> Any:
+def _structure(value: Any, where: str) -> Any:
+    """What every rank's sum must share: keys and shapes (and which leaves are numbers)."""
     if isinstance(value, Tensor):
         return ("tensor", tuple(value.shape))
     if isinstance(value, Mapping):
-        return {key: _structure(item) for key, item in value.items()}
-    return "number"
+        return {key: _structure(item, f"{where}/{key}") for key, item in value.items()}
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return "number"
+    raise TypeError(
+        f"The summed round state `{where}` holds {type(value).__name__}: a sum holds tensors, numbers or mappings"
+        " of them."
+    )
 
 
 def _in_order(value: Any, structure: Any) -> Any:
@@ -182,11 +188,15 @@ class CrossProcessState:
         ``"merge"`` starts as an empty mapping, a ``"last"`` as ``(-1, <nothing>)``.
 
         Raises:
-            ValueError: If ``reduce`` is not ``"sum"``, ``"merge"`` or ``"last"``.
+            ValueError: If ``reduce`` is not ``"sum"``, ``"merge"`` or ``"last"``, or ``default`` does not suit it.
+            TypeError: If a ``"sum"`` default holds something other than tensors, numbers and mappings of them.
         """
-        if reduce not in REDUCTIONS:
-            raise ValueError(f"`reduce` must be one of {', '.join(map(repr, REDUCTIONS))}; got {reduce!r}.")
-        structure = _structure(default) if reduce == "sum" else None
+        check_choice("reduce", reduce, REDUCTIONS)
+        if reduce == "merge":
+            check_instance("default", default, Mapping, "a mapping (e.g. client id -> value) for reduce='merge'")
+        if reduce == "last" and not (isinstance(default, tuple) and len(default) == 2):
+            raise InvalidArgumentError("default", default, "a (position, value) pair for reduce='last'")
+        structure = _structure(default, name) if reduce == "sum" else None
         self._declared_round_state()[name] = _Declared(reduce, structure)
         setattr(self, name, default)
 
@@ -201,7 +211,7 @@ class CrossProcessState:
         for name, spec in declared.items():
             if spec.reduce != "sum":
                 continue
-            if _structure(values[name]) != spec.structure:
+            if _structure(values[name], name) != spec.structure:
                 raise ValueError(
                     f"{type(self).__name__}'s summed round state `{name}` changed structure (keys or shapes) since it"
                     " was declared, so the ranks could not add it up entry by entry: declare it at zeros of its final"
