@@ -89,6 +89,7 @@ class FedAvg(Aggregator):
                 new_params[name] = old.clone()
         return new_params
 
+    @override
     def __repr__(self) -> str:
         return f"{type(self).__name__}(weighting={self.weighting!r}, server_lr={self.server_lr})"
 

@@ -146,6 +146,7 @@ class QFedAvg(Aggregator):
         losses = list(self.client_losses.values())
         return {LOSS_KEY: sum(losses) / len(losses)} if losses else {}
 
+    @override
     def __repr__(self) -> str:
         return f"{type(self).__name__}(q={self.q}, lipschitz={self.lipschitz})"
 

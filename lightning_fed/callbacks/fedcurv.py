@@ -198,7 +198,7 @@ class FedCurv(ParameterPenalty, CrossProcessState):
         params = {n: p for n, p in pl_module.named_parameters() if p.requires_grad}
         was_training = pl_module.training
         # buffered_logging pops `log` on exit; whatever logger was installed before (if any) is put back after.
-        outer = {k: pl_module.__dict__[k] for k in ("log", "log_dict") if k in pl_module.__dict__}
+        outer: dict[str, Any] = {k: pl_module.__dict__[k] for k in ("log", "log_dict") if k in pl_module.__dict__}
         pl_module.eval()
         try:
             with buffered_logging(pl_module, _DiscardingBuffer()), torch.enable_grad():
@@ -218,9 +218,11 @@ class FedCurv(ParameterPenalty, CrossProcessState):
 
     @staticmethod
     def _batches(trainer: FederatedTrainer | None, loader: Any) -> Iterator[Any]:
-        needs_transfer = trainer is not None and trainer.strategy.root_device.type != "cpu"
+        if trainer is None or trainer.strategy.root_device.type == "cpu":
+            yield from loader
+            return
         for batch in loader:
-            yield trainer.strategy.batch_to_device(batch) if needs_transfer else batch
+            yield trainer.strategy.batch_to_device(batch)
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -170,6 +170,7 @@ class Scaffold(FedCallback, CrossProcessState):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._server_control = {name: c.detach().cpu().clone() for name, c in state_dict["server_control"].items()}
 
+    @override
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
