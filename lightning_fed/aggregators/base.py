@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor
 
@@ -85,6 +86,10 @@ class Aggregator(CrossProcessState, ABC):
     def float_entries(self, params: Mapping[str, Tensor]) -> StateDict:
         """The entries of ``params`` that are averaged: floating-point ones that ``should_aggregate`` keeps."""
         return {name: t for name, t in params.items() if self.should_aggregate(name) and is_float_entry(t)}
+
+    def float64_zeros(self, global_params: Mapping[str, Tensor]) -> StateDict:
+        """Float64 zeros for each averaged entry: the start of a declared sum over clients (see :meth:`reset`)."""
+        return {name: torch.zeros_like(t, dtype=torch.float64) for name, t in self.float_entries(global_params).items()}
 
     def reset_integer_entries(self, global_params: StateDict, round_ctx: RoundContext) -> None:
         """Starts the round's integer-buffer policy; call it from ``reset``."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from typing_extensions import override
 
 from lightning_fed.aggregators.base import Aggregator
@@ -51,14 +50,14 @@ class FedAvg(Aggregator):
 
     @override
     def reset(self, global_params: StateDict, round_ctx: RoundContext) -> None:
-        sizes = {cid: (float(n) if self.weighting == "num_samples" else 1.0) for cid, n in round_ctx.num_samples.items()}
+        uniform = self.weighting == "uniform"
+        sizes = {cid: (1.0 if uniform else float(n)) for cid, n in round_ctx.num_samples.items()}
         total = sum(sizes.values())
         if total <= 0:
             raise ValueError("The sampled clients hold no training samples; check the partition.")
         self._weights = {cid: size / total for cid, size in sizes.items()}
         self.reset_integer_entries(global_params, round_ctx)
-        zeros = {name: torch.zeros_like(t, dtype=torch.float64) for name, t in self.float_entries(global_params).items()}
-        self.add_round_state("_sum", zeros, reduce="sum")
+        self.add_round_state("_sum", self.float64_zeros(global_params), reduce="sum")
         self.add_round_state("_accepted_weight", 0.0, reduce="sum")
 
     @override

@@ -82,8 +82,7 @@ class QFedAvg(Aggregator):
     def reset(self, global_params: StateDict, round_ctx: RoundContext) -> None:
         self._global = global_params
         self.reset_integer_entries(global_params, round_ctx)
-        zeros = {name: torch.zeros_like(t, dtype=torch.float64) for name, t in self.float_entries(global_params).items()}
-        self.add_round_state("_delta_sum", zeros, reduce="sum")
+        self.add_round_state("_delta_sum", self.float64_zeros(global_params), reduce="sum")
         self.add_round_state("_h_sum", 0.0, reduce="sum")
         self.add_round_state("_num_accepted", 0, reduce="sum")
         self.add_round_state("client_losses", {}, reduce="merge")
