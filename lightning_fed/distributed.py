@@ -9,6 +9,10 @@ torchmetrics' own reductions); otherwise every function here is the identity and
 
 Everything that takes part in a collective must be called by every rank, in the same order, with tensors of the
 same shapes. The functions take whole lists so that each call is one collective.
+
+Algorithms do not call these collectives themselves: an aggregator or a callback declares what it accumulates over
+clients and how it combines (:class:`lightning_fed.reduction.CrossProcessState`), and
+:func:`lightning_fed.reduction.reduce_across_ranks` calls them.
 """
 
 from __future__ import annotations

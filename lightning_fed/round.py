@@ -25,8 +25,12 @@ if TYPE_CHECKING:
 
 
 def fed_participants(trainer: FederatedTrainer) -> list[Any]:
-    """Everything that receives federated hooks: the callbacks, then the aggregator."""
-    return [*trainer.callbacks, trainer.aggregator]
+    """Everything that receives federated hooks: the callbacks.
+
+    The aggregator receives none: what it needs from a client it asks for in ``Aggregator.probe_client``, and what
+    it reports for the round it returns from ``Aggregator.round_metrics``.
+    """
+    return list(trainer.callbacks)
 
 
 class ClientDivergedError(FloatingPointError):
@@ -64,7 +68,7 @@ class RoundRunner:
         return self.trainer.federation_state
 
     def dispatch(self, hook: str, *args: Any) -> None:
-        """Calls federated hook ``hook`` on every callback, then on the aggregator, where they define it."""
+        """Calls federated hook ``hook`` on every callback that defines it."""
         for callback in fed_participants(self.trainer):
             method = getattr(callback, hook, None)
             if callable(method):
@@ -111,6 +115,8 @@ class RoundRunner:
         self.state.store.take_changes()
         copy_state_(self.live, new_params)
         metrics = self._round_metrics(round_ctx, ordered_metrics)
+        # The aggregator's own measurements of the round (q-FedAvg's mean loss at the global model).
+        metrics.update(trainer.aggregator.round_metrics())
         eval_metrics, client_results, client_prefix = self.evaluator.run(round_idx, client_ids)
         metrics.update(eval_metrics)
         metrics["time/round_s"] = time.perf_counter() - start

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -10,11 +9,11 @@ from lightning.pytorch import LightningModule
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_fed import distributed
-from lightning_fed.aggregators.base import Aggregator, reduce_copied
-from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, StateDict
+from lightning_fed.aggregators.base import Aggregator
+from lightning_fed.checks import check_real
+from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.functional.qfedavg import EPSILON, apply_step, client_terms
-from lightning_fed.functional.state_dict import is_float_entry
+from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.log_buffer import LogBuffer, batch_size_of, buffered_logging
 
 if TYPE_CHECKING:
@@ -39,15 +38,15 @@ class QFedAvg(Aggregator):
     accepted clients. :math:`F_k^q` multiplies :math:`\Delta w_k` outside the norm.
 
     Conventions:
-        * :math:`F_k` is the client's training objective at :math:`w_g`, measured before local training over the
-          client's whole training loader: the sample-weighted mean of ``training_step``'s loss (assumed to be a
-          batch mean), under ``no_grad``, in **eval mode** (no dropout; BatchNorm uses and does not update its
-          running statistics, so :math:`w_g`'s buffers stay untouched). The authors' code evaluates the loss on
-          the training data at :math:`w_g` with models that have neither dropout nor BatchNorm, so the two agree
-          there. What the module logs during this pass is discarded, and every RNG it could draw from (the
-          loader's shuffling generator, torch's global RNG) is restored, so local training sees the same batches
-          and dropout masks as without it. It costs one forward pass over the client's data per round. The loss
-          must be non-negative.
+        * :math:`F_k` is the client's training objective at :math:`w_g`, measured in :meth:`probe_client` (before
+          local training, on the rank that trains the client) over the client's whole training loader: the
+          sample-weighted mean of ``training_step``'s loss (assumed to be a batch mean), under ``no_grad``, in
+          **eval mode** (no dropout; BatchNorm uses and does not update its running statistics, so :math:`w_g`'s
+          buffers stay untouched). The authors' code evaluates the loss on the training data at :math:`w_g` with
+          models that have neither dropout nor BatchNorm, so the two agree there. What the module logs during this
+          pass is discarded. The loop hands the probe a loader of its own and seeds the client's RNG after it, so
+          local training sees the same batches and dropout masks as without it. It costs one forward pass over the
+          client's data per round. The loss must be non-negative.
         * :math:`L = 1/\eta` with :math:`\eta` the optimizer's learning rate at the client's start (the reference
           code), unless ``lipschitz`` is given.
         * :math:`\Delta_k` and the server step cover every floating-point entry (parameters and BatchNorm running
@@ -57,8 +56,9 @@ class QFedAvg(Aggregator):
         * ``q = 0`` gives the unweighted mean of the :math:`w_k` (uniform FedAvg). The paper tunes q per data set
           and has no single default; ``q = 1`` is used here as a moderate one.
         * Rejected (non-finite) clients are left out of both sums.
-        * With several processes each rank sums its own clients' :math:`\Delta_k` and :math:`h_k`; ``compute``
-          adds them over ranks (one float64 all-reduce) and gathers the :math:`F_k` for the logged mean.
+        * With several processes each rank sums its own clients' :math:`\Delta_k` and :math:`h_k`; these sums and
+          the accepted clients' :math:`F_k` are declared round state, which ``compute`` reduces over ranks (one
+          float64 all-reduce, one gather).
         * Communication: FedAvg's, plus one float32 (:math:`F_k`) per client upload.
         * Logs ``qfedavg/loss_at_global``, the mean of :math:`F_k` over the round's accepted clients.
 
@@ -68,31 +68,34 @@ class QFedAvg(Aggregator):
     """
 
     def __init__(self, q: float = 1.0, lipschitz: float | None = None) -> None:
-        if not q >= 0:
-            raise ValueError(f"`q` must be >= 0, got {q!r}.")
-        if lipschitz is not None and not lipschitz > 0:
-            raise ValueError(f"`lipschitz` must be positive (or None for 1/lr), got {lipschitz!r}.")
-        self.q = float(q)
-        self.lipschitz = None if lipschitz is None else float(lipschitz)
-        self.client_losses: dict[int, float] = {}
+        self.q = check_real("q", q, minimum=0.0)
+        self.lipschitz = check_real("lipschitz", lipschitz, minimum=0.0, exclusive_minimum=True, allow_none=True)
         self._norm_names: set[str] | None = None
         self._global: StateDict = {}
-        self._delta_sum: dict[str, Tensor] = {}
+        # Round state (declared in reset): sum of the Delta_k, sum of the h_k, accepted clients, and their F_k.
+        self._delta_sum: StateDict = {}
         self._h_sum = 0.0
-        self._copied: dict[str, Tensor] = {}
-        self._copied_position = -1
-        self._positions: dict[int, int] = {}
-        self._lipschitz_now: float | None = self.lipschitz
+        self._num_accepted = 0
+        self.client_losses: dict[int, float] = {}
 
-    def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
-        self._norm_names = {name for name, p in pl_module.named_parameters() if p.requires_grad}
+    @override
+    def reset(self, global_params: StateDict, round_ctx: RoundContext) -> None:
+        self._global = global_params
+        self.reset_integer_entries(global_params, round_ctx)
+        self.add_round_state("_delta_sum", self.float64_zeros(global_params), reduce="sum")
+        self.add_round_state("_h_sum", 0.0, reduce="sum")
+        self.add_round_state("_num_accepted", 0, reduce="sum")
+        self.add_round_state("client_losses", {}, reduce="merge")
         # Each client also uploads F_k, one float32 beside its model.
         round_ctx.bytes_up += 4 * len(round_ctx.client_ids)
 
-    def on_client_train_start(
+    @override
+    def probe_client(
         self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
-    ) -> None:
-        self.client_losses[client_ctx.client_id] = mean_training_loss(trainer, pl_module, dataloader)
+    ) -> dict[str, Any]:
+        r"""Measures :math:`F_k` at the client's start point and reads :math:`L = 1/\eta` from the optimizer."""
+        self._norm_names = {name for name, p in pl_module.named_parameters() if p.requires_grad}
+        extras: dict[str, Any] = {LOSS_KEY: mean_training_loss(trainer, pl_module, dataloader)}
         if self.lipschitz is None:
             lrs = {float(group["lr"]) for group in trainer.optimizers[0].param_groups}
             if len(lrs) != 1 or not min(lrs) > 0:
@@ -100,97 +103,67 @@ class QFedAvg(Aggregator):
                     f"q-FedAvg takes L = 1/lr from the optimizer, whose param groups have learning rates {sorted(lrs)}:"
                     " use one positive lr, or pass `lipschitz` to QFedAvg."
                 )
-            self._lipschitz_now = 1.0 / lrs.pop()
-
-    def on_client_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
-    ) -> None:
-        update.extras[LOSS_KEY] = self.client_losses[client_ctx.client_id]
-        update.extras[LIPSCHITZ_KEY] = self._lipschitz_now
-
-    def on_round_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
-    ) -> None:
-        accepted = [loss for cid, loss in self.client_losses.items() if cid not in round_ctx.rejected]
-        if accepted:
-            metrics[LOSS_KEY] = sum(accepted) / len(accepted)
-
-    @override
-    def reset(self, global_params: StateDict, round_ctx: RoundContext) -> None:
-        self._global = global_params
-        self._delta_sum, self._h_sum, self._copied, self._copied_position = {}, 0.0, {}, -1
-        self._positions = {cid: i for i, cid in enumerate(round_ctx.client_ids)}
-        self.client_losses = {}
+            extras[LIPSCHITZ_KEY] = 1.0 / lrs.pop()
+        return extras
 
     @override
     def update(self, update: ClientUpdate) -> None:
         if LOSS_KEY not in update.extras:
             raise ValueError(
-                f"Client {update.client_id}'s update lacks its loss at the global model (`extras[{LOSS_KEY!r}]`):"
-                " QFedAvg must be the trainer's `aggregator` so that it measures the loss before local training."
+                f"Client {update.client_id}'s update lacks its loss at the global model (`extras[{LOSS_KEY!r}]`),"
+                " which `QFedAvg.probe_client` measures before local training: QFedAvg must be the trainer's"
+                " `aggregator`."
             )
-        lipschitz = update.extras.get(LIPSCHITZ_KEY) or self.lipschitz
+        lipschitz = self.lipschitz if self.lipschitz is not None else update.extras.get(LIPSCHITZ_KEY)
         if lipschitz is None:
             raise ValueError("QFedAvg has no Lipschitz constant: pass `lipschitz` or let it read the optimizer's lr.")
+        loss = update.extras[LOSS_KEY]
         norm_names = self._norm_names if self._norm_names is not None else update.params.keys()
-        floats = {n: t for n, t in update.params.items() if self.should_aggregate(n) and is_float_entry(t)}
-        deltas, h = client_terms(self._global, floats, update.extras[LOSS_KEY], self.q, lipschitz, norm_names, EPSILON)
+        floats = self.float_entries(update.params)
+        deltas, h = client_terms(self._global, floats, loss, self.q, lipschitz, norm_names, EPSILON)
         self._h_sum += h
+        self._num_accepted += 1
         for name, delta in deltas.items():
-            if name in self._delta_sum:
-                self._delta_sum[name].add_(delta)
-            else:
-                self._delta_sum[name] = delta
-        for name, tensor in update.params.items():
-            if self.should_aggregate(name) and not is_float_entry(tensor):
-                self._copied[name] = tensor.detach().clone()
-                self._copied_position = self._positions.get(update.client_id, -1)
+            self._delta_sum[name].add_(delta)
+        self.client_losses[update.client_id] = loss
+        self.copy_integer_entries(update)
 
     @override
     def compute(self, global_params: StateDict) -> StateDict:
-        if distributed.is_distributed():
-            self._reduce_across_ranks(global_params)
+        self.reduce_round_state()
+        # The ranks' losses arrive in rank order: put them in round order, as one process holds them.
+        in_round_order = sorted(self.client_losses, key=self._round_positions.__getitem__)
+        self.client_losses = {cid: self.client_losses[cid] for cid in in_round_order}
         new_params = {name: tensor.clone() for name, tensor in global_params.items()}
-        if self._delta_sum:
+        if self._num_accepted:
             new_params.update(apply_step(global_params, self._delta_sum, self._h_sum))
-        new_params.update(self._copied)
-        self._delta_sum, self._copied, self._h_sum = {}, {}, 0.0
+        new_params.update(self.integer_entries(global_params))
         return new_params
 
-    def _reduce_across_ranks(self, global_params: StateDict) -> None:
-        """Turns this rank's partial sums (and F_k) into those over every rank's clients."""
-        names = [n for n, t in global_params.items() if self.should_aggregate(n) and is_float_entry(t)]
-        local = dict(self._delta_sum)
-        sums = [local.get(n, torch.zeros_like(global_params[n], dtype=torch.float64)) for n in names]
-        h_and_count = torch.tensor([self._h_sum, float(len(local) > 0)], dtype=torch.float64)
-        distributed.all_reduce_sum_([*sums, h_and_count])
-        # No rank accepted a client: compute must leave the model unchanged, as in one process.
-        self._delta_sum = dict(zip(names, sums)) if h_and_count[1] > 0 else {}
-        self._h_sum = float(h_and_count[0])
-        self._copied = reduce_copied(self._copied_position, self._copied, global_params)
-        losses = {cid: loss for part in distributed.all_gather_object(self.client_losses) for cid, loss in part.items()}
-        self.client_losses = {cid: losses[cid] for cid in sorted(losses, key=lambda c: self._positions.get(c, c))}
+    @override
+    def round_metrics(self) -> dict[str, float]:
+        losses = list(self.client_losses.values())
+        return {LOSS_KEY: sum(losses) / len(losses)} if losses else {}
 
+    @override
     def __repr__(self) -> str:
         return f"{type(self).__name__}(q={self.q}, lipschitz={self.lipschitz})"
 
 
 def mean_training_loss(trainer: FederatedTrainer, module: LightningModule, dataloader: Any) -> float:
     """Sample-weighted mean of ``training_step``'s loss over ``dataloader``, in eval mode, with logs discarded."""
+    # Imported here: local_training imports the callbacks package, which imports the aggregators.
+    from lightning_fed.local_training import training_loss
+
     was_training = module.training
     module.eval()
     total: Tensor | float = 0.0
     count = 0
-    precision = trainer.strategy.precision_plugin
-    # The loop hands this hook a loader of its own and seeds the client's RNG after it, so this pass cannot shift
-    # the client's training order or dropout masks.
     try:
         with torch.no_grad(), buffered_logging(module, LogBuffer()):
             for batch_idx, batch in enumerate(dataloader):
                 batch = trainer.strategy.batch_to_device(batch)
-                with precision.train_step_context():
-                    output = module.training_step(batch, batch_idx)
-                loss = output["loss"] if isinstance(output, Mapping) else output
+                loss, _ = training_loss(trainer, module, batch, batch_idx)
                 if loss is None:
                     continue
                 size = batch_size_of(batch)

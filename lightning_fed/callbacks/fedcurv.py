@@ -4,7 +4,7 @@ weighted by their diagonal Fisher."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -12,9 +12,9 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from typing_extensions import override
 
-from lightning_fed import distributed
 from lightning_fed.callbacks.penalty import ParameterPenalty
-from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, StateDict
+from lightning_fed.checks import check_choice, check_real
+from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.functional.fedcurv import (
     STAT_KEYS,
     Statistics,
@@ -27,7 +27,10 @@ from lightning_fed.functional.fedcurv import (
     statistics_nbytes,
     updated_sums,
 )
+from lightning_fed.functional.state_dict import StateDict
+from lightning_fed.local_training import loss_of
 from lightning_fed.log_buffer import LogBuffer, batch_size_of, buffered_logging
+from lightning_fed.reduction import CrossProcessState
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -50,12 +53,18 @@ class _TrainingStepLoss(nn.Module):
         super().__init__()
         self.module = module
 
+    @override
     def forward(self, batch: Any) -> Tensor:
-        output = self.module.training_step(batch, 0)
-        return output["loss"] if isinstance(output, Mapping) else output
+        loss = loss_of(self.module.training_step(batch, 0))
+        if loss is None:
+            raise ValueError(
+                "FedCurv's Fisher needs a loss from `training_step` on every batch of the client's data, but it"
+                " returned None (a skipped step)."
+            )
+        return loss
 
 
-class FedCurv(ParameterPenalty):
+class FedCurv(ParameterPenalty, CrossProcessState):
     r"""FedCurv (Shoham et al., "Overcoming Forgetting in Federated Learning on Non-IID Data", NeurIPS 2019
     Workshop on Federated Learning for Data Privacy and Confidentiality, arXiv:1910.07796).
 
@@ -90,9 +99,9 @@ class FedCurv(ParameterPenalty):
     * Communication per participating client: up u, v, w; down U, V, W (float32, 3 model-sized tensors each way;
       the paper's form needs only u, v and U, V: W is the price of logging the exact value).
 
-    With several processes each rank sums the changes (new − old statistics) of its own clients and
-    ``on_aggregate`` adds them over ranks (float64), so U, V, W are the same on every rank; the per-client
-    statistics reach every rank through the client store.
+    Each round the changes (new − old statistics) of the round's clients are summed (float64) in declared round
+    state; with several processes each rank sums its own clients' and ``on_aggregate`` reduces the sum over ranks,
+    so U, V, W are the same on every rank; the per-client statistics reach every rank through the client store.
 
     Defaults: the paper tuned λ per setting (λ = 1.0 on MNIST, B = 256, lr 0.01); no default is given here.
     Deviations: the paper assumes full participation; with sampling the sums hold each client's latest
@@ -108,21 +117,22 @@ class FedCurv(ParameterPenalty):
 
     def __init__(self, lam: float, fisher: str = "empirical", log_every_n_steps: int = 1) -> None:
         super().__init__("fedcurv", log_every_n_steps)
-        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam >= 0 or lam == float("inf"):
-            raise ValueError(f"`lam` must be a finite number >= 0, got {lam!r}.")
-        if fisher not in _FISHERS:
-            raise ValueError(f"`fisher` must be one of {_FISHERS}, got {fisher!r}.")
-        self.lam = float(lam)
-        self.fisher = fisher
+        self.lam = check_real("lam", lam, minimum=0.0)
+        self.fisher = check_choice("fisher", fisher, _FISHERS)
         self.sums: Statistics | None = None
-        self._pending: list[tuple[Statistics | None, Statistics]] = []
+        # Round state (declared in on_round_start): the sum of the round's changes to U, V, W, and their number.
+        self._change: Statistics = {}
+        self._num_changes = 0
         self._round_ctx: RoundContext | None = None
         self._loader: Any = None
 
     @override
     def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
         self._round_ctx = round_ctx
-        self._pending = []
+        trainable = [(n, p) for n, p in pl_module.named_parameters() if p.requires_grad]
+        zeros = {key: {n: torch.zeros(p.shape, dtype=torch.float64) for n, p in trainable} for key in STAT_KEYS}
+        self.add_round_state("_change", zeros)
+        self.add_round_state("_num_changes", 0)
 
     @override
     def on_client_train_start(
@@ -168,7 +178,9 @@ class FedCurv(ParameterPenalty):
         stats = client_statistics(fisher, {n: update.params[n] for n in fisher})
         old = client_ctx.store.get(self.namespace, client_ctx.client_id)
         client_ctx.store.put(self.namespace, client_ctx.client_id, stats)
-        self._pending.append((old, client_ctx.store.get(self.namespace, client_ctx.client_id)))
+        # What enters the sums is the stored (CPU, float32) copy, the same whichever rank reads the store.
+        self._change = updated_sums(self._change, client_ctx.store.get(self.namespace, client_ctx.client_id), old)
+        self._num_changes += 1
         if self._round_ctx is not None:
             self._round_ctx.bytes_up += statistics_nbytes(stats)
 
@@ -177,30 +189,16 @@ class FedCurv(ParameterPenalty):
         self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
     ) -> None:
         # The round's clients all trained against the sums of the round start; only now do their statistics enter.
-        if distributed.is_distributed():
-            self._add_every_ranks_changes(pl_module)
-        for old, new in self._pending:
-            self.sums = updated_sums(self.sums, new, old)
-        self._pending = []
-
-    def _add_every_ranks_changes(self, pl_module: LightningModule) -> None:
-        """Replaces this rank's pending (old, new) pairs by one change summed over every rank's clients."""
-        change: Statistics = {
-            key: {n: torch.zeros(p.shape, dtype=torch.float64) for n, p in pl_module.named_parameters() if p.requires_grad}
-            for key in STAT_KEYS
-        }
-        for old, new in self._pending:
-            change = updated_sums(change, new, old)
-        contributed = torch.tensor([float(len(self._pending))], dtype=torch.float64)
-        distributed.all_reduce_sum_([*(t for key in STAT_KEYS for t in change[key].values()), contributed])
-        self._pending = [(None, change)] if contributed.item() > 0 else []
+        self.reduce_round_state()
+        if self._num_changes:
+            self.sums = updated_sums(self.sums, self._change)
 
     def compute_fisher(self, trainer: FederatedTrainer | None, pl_module: LightningModule, loader: Any) -> StateDict:
         """The diagonal Fisher of the module's current weights over ``loader``, in eval mode (see class docs)."""
         params = {n: p for n, p in pl_module.named_parameters() if p.requires_grad}
         was_training = pl_module.training
         # buffered_logging pops `log` on exit; whatever logger was installed before (if any) is put back after.
-        outer = {k: pl_module.__dict__[k] for k in ("log", "log_dict") if k in pl_module.__dict__}
+        outer: dict[str, Any] = {k: pl_module.__dict__[k] for k in ("log", "log_dict") if k in pl_module.__dict__}
         pl_module.eval()
         try:
             with buffered_logging(pl_module, _DiscardingBuffer()), torch.enable_grad():
@@ -220,9 +218,11 @@ class FedCurv(ParameterPenalty):
 
     @staticmethod
     def _batches(trainer: FederatedTrainer | None, loader: Any) -> Iterator[Any]:
-        needs_transfer = trainer is not None and trainer.strategy.root_device.type != "cpu"
+        if trainer is None or trainer.strategy.root_device.type == "cpu":
+            yield from loader
+            return
         for batch in loader:
-            yield trainer.strategy.batch_to_device(batch) if needs_transfer else batch
+            yield trainer.strategy.batch_to_device(batch)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -232,4 +232,3 @@ class FedCurv(ParameterPenalty):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         sums = state_dict.get("sums")
         self.sums = None if sums is None else {k: {n: t.double() for n, t in sums[k].items()} for k in STAT_KEYS}
-        self._pending = []

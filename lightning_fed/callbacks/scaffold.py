@@ -10,23 +10,25 @@ from lightning.pytorch import LightningModule
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_fed import distributed
 from lightning_fed.aggregators.fedavg import FedAvg
 from lightning_fed.callbacks.base import FedCallback
-from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, StateDict
+from lightning_fed.checks import InvalidArgumentError
+from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.functional.gradients import add_to_grad_
 from lightning_fed.functional.scaffold import (
     client_control_update,
     gradient_correction,
     server_control_update,
     zeros_like_state,
 )
-from lightning_fed.functional.state_dict import state_nbytes
+from lightning_fed.functional.state_dict import StateDict, state_nbytes
+from lightning_fed.reduction import CrossProcessState
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
 
 
-class Scaffold(FedCallback):
+class Scaffold(FedCallback, CrossProcessState):
     r"""SCAFFOLD with option II control variates.
 
     Karimireddy, Kale, Mohri, Reddi, Stich, Suresh, "SCAFFOLD: Stochastic Controlled Averaging for Federated
@@ -50,11 +52,11 @@ class Scaffold(FedCallback):
           step per accumulated batch group), and :math:`\eta` is the learning rate of each parameter's optimizer
           group at the end of local training. fp16 loss scaling can skip steps silently, so it is refused.
         * :math:`x` is the client's start point ``ctx.initial_params`` (the round's global model unless another
-          callback personalises it). :math:`N` is ``trainer.datamodule.num_clients``. Rejected (non-finite) clients keep their :math:`c_i`
-          and add nothing to :math:`c`. A client that took no step keeps its :math:`c_i` too.
-        * With several processes each rank sums the :math:`\Delta c_i` of its own clients and ``on_aggregate``
-          adds those sums over ranks (float64) before updating :math:`c`; the :math:`c_i` reach every rank through
-          the client store.
+          callback personalises it). :math:`N` is ``trainer.datamodule.num_clients``. Rejected (non-finite) clients
+          keep their :math:`c_i` and add nothing to :math:`c`. A client that took no step keeps its :math:`c_i` too.
+        * With several processes each rank sums the :math:`\Delta c_i` of its own clients; the sum is declared
+          round state, which ``on_aggregate`` reduces over ranks (float64) before updating :math:`c`; the
+          :math:`c_i` reach every rank through the client store.
 
     Conventions:
         * Controls cover the trainable parameters (``requires_grad``) only; buffers (BatchNorm statistics) are
@@ -79,7 +81,9 @@ class Scaffold(FedCallback):
         self._device_control: StateDict = {}
         self._client_control: StateDict = {}
         self._correction: StateDict = {}
+        # Round state (declared in on_round_start): the sum of the clients' control changes, and their number.
         self._delta_sum: StateDict = {}
+        self._num_deltas = 0
 
     @override
     def on_fit_start(self, trainer: FederatedTrainer, pl_module: LightningModule) -> None:
@@ -98,7 +102,8 @@ class Scaffold(FedCallback):
     def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
         device = next(pl_module.parameters()).device
         self._device_control = {name: c.to(device) for name, c in self._server_control.items()}
-        self._delta_sum = {}
+        self.add_round_state("_delta_sum", {n: torch.zeros_like(c) for n, c in self._device_control.items()})
+        self.add_round_state("_num_deltas", 0)
         extra = len(round_ctx.client_ids) * state_nbytes(self._server_control)
         round_ctx.bytes_down += extra
         round_ctx.bytes_up += extra
@@ -119,15 +124,10 @@ class Scaffold(FedCallback):
     def on_client_before_optimizer_step(
         self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
     ) -> None:
-        with torch.no_grad():
-            for name, param in pl_module.named_parameters():
-                correction = self._correction.get(name)
-                if correction is None:
-                    continue
-                if param.grad is None:
-                    param.grad = correction.to(param.dtype).clone()
-                else:
-                    param.grad.add_(correction.to(param.grad.dtype))
+        for name, param in pl_module.named_parameters():
+            correction = self._correction.get(name)
+            if correction is not None:
+                add_to_grad_(param, correction)
 
     @override
     def on_client_end(
@@ -142,30 +142,18 @@ class Scaffold(FedCallback):
         )
         client_ctx.store.put(self.namespace, client_ctx.client_id, new_control)
         for name, value in delta.items():
-            if name in self._delta_sum:
-                self._delta_sum[name].add_(value)
-            else:
-                self._delta_sum[name] = value.clone()
+            self._delta_sum[name].add_(value)
+        self._num_deltas += 1
 
     @override
     def on_aggregate(
         self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
     ) -> None:
-        if distributed.is_distributed():
-            self._reduce_across_ranks()
-        if not self._delta_sum:
+        self.reduce_round_state()
+        if not self._num_deltas:
             return
         delta_sum = {name: value.cpu() for name, value in self._delta_sum.items()}
         self._server_control = server_control_update(self._server_control, delta_sum, trainer.datamodule.num_clients)
-        self._delta_sum = {}
-
-    def _reduce_across_ranks(self) -> None:
-        """Sums the Δc_i of every rank's clients (each rank holds only its own)."""
-        local = self._delta_sum
-        sums = [local[n].double() if n in local else torch.zeros_like(c, dtype=torch.float64) for n, c in self._server_control.items()]
-        contributed = torch.tensor([float(bool(local))], dtype=torch.float64)
-        distributed.all_reduce_sum_([*sums, contributed])
-        self._delta_sum = dict(zip(self._server_control, sums)) if contributed.item() > 0 else {}
 
     @override
     def on_round_end(
@@ -182,25 +170,30 @@ class Scaffold(FedCallback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._server_control = {name: c.detach().cpu().clone() for name, c in state_dict["server_control"].items()}
 
+    @override
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
 def _check_aggregator(aggregator: Any) -> None:
+    """SCAFFOLD's server step x + eta_g * mean(y_i - x) is FedAvg with uniform weights; eta_g is its server_lr."""
     if not isinstance(aggregator, FedAvg) or aggregator.weighting != "uniform":
-        raise ValueError(
-            f"SCAFFOLD's server step is x + eta_g * mean(y_i - x) with uniform weights, but the trainer's aggregator"
-            f" is {aggregator!r}. Set `trainer.aggregator` to `lightning_fed.aggregators.FedAvg` with"
-            " `weighting: uniform` and `server_lr: <eta_g>` (1.0 in the paper)."
+        raise InvalidArgumentError(
+            "trainer.aggregator",
+            aggregator,
+            "`lightning_fed.aggregators.FedAvg` with `weighting: uniform` and `server_lr: <eta_g>` (1.0 in the paper)"
+            " for SCAFFOLD, whose server step is x + eta_g * mean(y_i - x)",
         )
 
 
 def _check_optimizer(optimizer: Optimizer) -> None:
+    """SCAFFOLD's control update (x - y) / (K * lr) is a gradient estimate only for SGD steps."""
     if not isinstance(optimizer, torch.optim.SGD):
-        raise ValueError(
-            f"SCAFFOLD's control update (x - y) / (K * lr) assumes SGD steps, but the optimizer is"
-            f" {type(optimizer).__name__}: return `torch.optim.SGD` from `configure_optimizers`"
-            " (e.g. ClassifierModule(optimizer='sgd'))."
+        raise InvalidArgumentError(
+            "optimizer",
+            type(optimizer).__name__,
+            "torch.optim.SGD for SCAFFOLD, whose control update (x - y) / (K * lr) assumes SGD steps: return it from"
+            " `configure_optimizers` (e.g. ClassifierModule(optimizer='sgd'))",
         )
     if any(group.get("momentum", 0.0) or group.get("nesterov", False) for group in optimizer.param_groups):
         rank_zero_warn(

@@ -1,7 +1,7 @@
 r"""FedCurv's tensor math: diagonal Fisher estimators, the (u, v, w) statistics, their sums and the penalty.
 
 Shoham et al., "Overcoming Forgetting in Federated Learning on Non-IID Data", NeurIPS 2019 Workshop on Federated
-Learning for Data Privacy and Confidentiality, arXiv:1910.07796 (paper 002).
+Learning for Data Privacy and Confidentiality, arXiv:1910.07796.
 
 Client s minimises :math:`L_s(\theta) + \lambda \sum_{j \ne s} (\theta - \hat\theta_j)^\top \mathrm{diag}(F_j)
 (\theta - \hat\theta_j)`. Expanding the quadratic per coordinate with :math:`u_j = F_j`, :math:`v_j = F_j \odot
@@ -23,7 +23,8 @@ import torch
 from lightning.fabric.utilities.apply_func import apply_to_collection
 from torch import Tensor
 
-StateDict = dict[str, Tensor]
+from lightning_fed.functional.state_dict import StateDict
+
 Statistics = dict[str, StateDict]
 STAT_KEYS = ("u", "v", "w")
 # The curvature sums are non-negative; their differences are clamped at 0 so round-off never hands a client

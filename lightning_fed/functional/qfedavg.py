@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 
 from torch import Tensor
 
-StateDict = dict[str, Tensor]
+from lightning_fed.functional.state_dict import StateDict
 
 EPSILON = 1e-10
 

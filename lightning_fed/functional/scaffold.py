@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-StateDict = dict[str, Tensor]
+from lightning_fed.functional.state_dict import StateDict
 
 
 def gradient_correction(server_control: Mapping[str, Tensor], client_control: Mapping[str, Tensor]) -> StateDict:

@@ -1,7 +1,8 @@
 """Rounds sharded over 2 CPU processes (``strategy="ddp"``, gloo) against the same run in 1 process.
 
 Covered: FedAvg (momentum kept per client, BatchNorm with an integer buffer, dropout, a torchmetrics metric),
-SCAFFOLD with FedCurv and rFedAvg v1 (per-client state and server sums), q-FedAvg, FedAMP (every w_j needed by
+SCAFFOLD with FedCurv and rFedAvg v1 (per-client state and server sums), q-FedAvg with one declared round state of
+each reduction, FedAMP (every w_j needed by
 every client), a 2-process run SIGKILLed and resumed, and logging once.
 
 The 2-process runs start as subprocesses of ``tests/helpers/distributed_run.py`` (Lightning relaunches the script
@@ -162,6 +163,16 @@ def test_qfedavg_two_processes_equal_one(two_process_runs, tmp_path):
     one = _one_process(tmp_path, "qfedavg")
     _assert_same_run(two_process_runs["qfedavg"], one)
     assert "qfedavg/loss_at_global" in two_process_runs["qfedavg"][0]["history"][-1]
+    # Declared round state (sum of tensors and numbers, merge, last) reduces to what one process holds, and that is
+    # every client of the round, though each rank trained only some of them.
+    reduced = two_process_runs["qfedavg"][0]["callback_states"][0]["reduced"]
+    assert len(reduced) == NUM_ROUNDS and _equal(reduced, one["callback_states"][0]["reduced"])
+    for entry in reduced:
+        ids = entry["client_ids"]
+        assert entry["count"] == len(ids) == 4 and sorted(entry["steps"]) == sorted(ids)
+        assert entry["ids"].tolist() == [4.0, float(sum(ids))] and entry["weight"] == 0.5 * sum(ids)
+        assert entry["last"][0] == 3 and entry["last"][1].item() == ids[-1]
+        assert entry["samples"].dtype == torch.int64
 
 
 def test_fedamp_two_processes_equal_one(two_process_runs, tmp_path):

@@ -29,6 +29,7 @@ from helpers.boring import NUM_CLASSES, BoringClassifier, make_datamodule  # noq
 from lightning_fed import FedCallback, FederatedTrainer  # noqa: E402
 from lightning_fed.aggregators import FedAvg, QFedAvg  # noqa: E402
 from lightning_fed.callbacks import FedCurv, RFedAvg, Scaffold  # noqa: E402
+from lightning_fed.reduction import CrossProcessState  # noqa: E402
 
 NUM_ROUNDS = 3
 
@@ -56,6 +57,41 @@ class ClientModels(FedCallback):
     def on_client_end(self, trainer: Any, pl_module: Any, client_ctx: Any, update: Any) -> None:
         key = f"{client_ctx.round_idx}/{client_ctx.client_id}"
         self.models[key] = {name: t.detach().cpu().clone() for name, t in update.params.items()}
+
+
+class DeclaredState(FedCallback, CrossProcessState):
+    """Declares one round state of each reduction and records, per round, what ``reduce_round_state`` made of it."""
+
+    def __init__(self) -> None:
+        self.reduced: list[dict[str, Any]] = []
+
+    def on_round_start(self, trainer: Any, pl_module: Any, round_ctx: Any) -> None:
+        self.client_ids = list(round_ctx.client_ids)
+        self.add_round_state("sums", {"samples": torch.zeros((), dtype=torch.int64), "ids": torch.zeros(2)})
+        self.add_round_state("count", 0)
+        self.add_round_state("weight", 0.0)
+        self.add_round_state("steps", {}, reduce="merge")
+        self.add_round_state("last", (-1, None), reduce="last")
+
+    def on_client_end(self, trainer: Any, pl_module: Any, client_ctx: Any, update: Any) -> None:
+        cid = client_ctx.client_id
+        self.sums["samples"] += client_ctx.num_samples
+        self.sums["ids"] += torch.tensor([1.0, cid])
+        self.count += 1
+        self.weight += 0.5 * cid
+        self.steps[cid] = client_ctx.num_steps
+        self.last = (self.client_ids.index(cid), {"client": torch.tensor(cid)})
+
+    def on_aggregate(self, trainer: Any, pl_module: Any, round_ctx: Any, new_params: Any) -> None:
+        self.reduce_round_state()
+        self.reduced.append({
+            "client_ids": self.client_ids, "samples": self.sums["samples"].clone(), "ids": self.sums["ids"].clone(),
+            "count": self.count, "weight": self.weight, "steps": dict(sorted(self.steps.items())),
+            "last": (self.last[0], self.last[1]["client"].clone()),
+        })
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"reduced": self.reduced}
 
 
 class Killer(FedCallback):
@@ -106,7 +142,8 @@ def algorithm(name: str) -> tuple[Any, list[FedCallback], float, bool]:
         callbacks = [Scaffold(), FedCurv(lam=0.1), RFedAvg(lam=0.01, variant="v1", feature_layer="net.2")]
         return FedAvg(weighting="uniform"), callbacks, 0.0, False
     if name == "qfedavg":
-        return QFedAvg(q=1.0), [], 0.0, False
+        # DeclaredState: every reduction of lightning_fed.reduction, compared between 1 and 2 processes.
+        return QFedAvg(q=1.0), [DeclaredState()], 0.0, False
     if name == "fedamp":
         # Every client's personalised w_j feeds every cloud model u_i; clients are evaluated with their own w_i.
         from lightning_fed.callbacks import FedAMP
