@@ -10,10 +10,10 @@ from pathlib import Path
 
 from matplotlib.ticker import AutoLocator
 
-from lightning_fed.plots import plot_client_accuracy, plot_round_curves, save_figure
 from benchmarks.reproduce import measures
 from benchmarks.reproduce.claims import Claim
 from benchmarks.reproduce.measures import Summary
+from lightning_fed.plots import plot_client_accuracy, plot_round_curves, save_figure
 
 
 def _merged_history(curves: Mapping[str, tuple[Summary, str]]) -> list[dict[str, float]]:

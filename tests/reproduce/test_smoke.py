@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from lightning_fed import cli
 from benchmarks.reproduce import command
 from benchmarks.reproduce.claims import CLAIMS, NO_VERDICT
 from benchmarks.reproduce.dashboard import log_report
 from benchmarks.reproduce.report import Report
 from benchmarks.reproduce.rules import Verdict
 from benchmarks.reproduce.runner import WandbOptions
+from lightning_fed import cli
 
 ROOT = Path(__file__).parents[2]
 
