@@ -140,8 +140,8 @@ class FedGG(ParameterPenalty):
         """λ_m for the step about to be taken (``client_ctx.num_steps`` = m − 1 steps done), detached."""
         if client_ctx.num_steps == 0:
             return 0.0
-        if not self.adaptive:
-            return float(self.lam)
+        if self.lam is not None:  # the fixed weight, set exactly when `adaptive=False`
+            return self.lam
         return adaptive_weight(self.mu, self._flat(params), self._anchor, self._before_last_step)
 
     @override

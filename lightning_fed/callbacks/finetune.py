@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import LightningModule
 from typing_extensions import override
@@ -56,7 +56,7 @@ class FineTune(PersonalizedCallback):
         self.every_n_rounds = check_int("every_n_rounds", every_n_rounds, minimum=1, allow_none=True)
 
     @override
-    def on_fit_start(self, trainer: FederatedTrainer, pl_module: LightningModule) -> None:
+    def on_fit_start(self, trainer: Any, pl_module: LightningModule) -> None:
         if trainer.client_eval == "none":
             raise ValueError(
                 "FineTune evaluates fine-tuned models on the clients' test splits, but the trainer's `client_eval` is "

@@ -71,7 +71,7 @@ class ParameterPenalty(FedCallback, ABC):
     ) -> None:
         if not self.is_active(client_ctx):
             return
-        params = {name: p for name, p in pl_module.named_parameters() if p.requires_grad}
+        params: dict[str, Tensor] = {name: p for name, p in pl_module.named_parameters() if p.requires_grad}
         for name, grad in self.gradient(params, client_ctx).items():
             add_to_grad_(params[name], grad)
         with torch.no_grad():
