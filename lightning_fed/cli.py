@@ -6,16 +6,18 @@ Examples::
     lightning-fed fit --config configs/quickstart.yaml --trainer.num_rounds 5
     lightning-fed fit --config configs/quickstart.yaml --ckpt_path last      # resume a killed run
     lightning-fed fit --config configs/quickstart.yaml --print_config
-    lightning-fed reproduce --profile small                                 # the papers' claims, see reproduce/
+    lightning-fed reproduce --profile small     # the papers' claims, from a repository checkout (benchmarks/reproduce/)
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import LightningModule
-from lightning.pytorch import Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from lightning_fed.datamodules.base import FederatedDataModule
@@ -87,12 +89,62 @@ def _num_classes_of(data_config: Any) -> int | None:
     return value if isinstance(value, int) else None
 
 
+_REPRODUCE_COMMAND = Path("benchmarks", "reproduce", "command.py")
+# A checkout when the package is installed in editable mode (or imported from the repository root).
+_PACKAGE_PARENT = Path(__file__).resolve().parents[1]
+
+
+def find_checkout(argv: Sequence[str] = (), start: Path | None = None) -> Path | None:
+    """The repository checkout that holds the reproduction suite (``benchmarks/reproduce/``), or ``None``.
+
+    Looked for, in order: the ``--root`` given in ``argv``; ``start`` (default: the working directory) and its
+    parents; the directory above this package, which is a checkout when the package is installed in editable mode.
+    """
+    candidates: list[Path] = []
+    for i, arg in enumerate(argv):
+        if arg == "--root" and i + 1 < len(argv):
+            candidates.append(Path(argv[i + 1]))
+        elif arg.startswith("--root="):
+            candidates.append(Path(arg.split("=", 1)[1]))
+    here = (start or Path.cwd()).resolve()
+    candidates += [here, *here.parents, _PACKAGE_PARENT]
+    return next((path.resolve() for path in candidates if (path / _REPRODUCE_COMMAND).is_file()), None)
+
+
+def reproduce(argv: Sequence[str]) -> int:
+    """``lightning-fed reproduce``: runs the reproduction suite of the repository checkout found by
+    :func:`find_checkout`.
+
+    The suite is not part of the installed package: its runs are the YAML files under the repository's
+    ``configs/``. Outside a checkout this exits with a message that says how to get one.
+    """
+    checkout = find_checkout(argv)
+    if checkout is None:
+        print(
+            "lightning-fed reproduce: no lightning-fed repository checkout found. The reproduction suite"
+            f" ({_REPRODUCE_COMMAND.parent}/) and its configs/ ship with the repository, not with the installed"
+            " package: clone the repository and run the command from its root, or pass --root PATH_TO_CHECKOUT.",
+            file=sys.stderr,
+        )
+        return 2
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    command = importlib.import_module("benchmarks.reproduce.command")
+    if not Path(command.__file__ or "").resolve().is_relative_to(checkout):
+        print(
+            f"lightning-fed reproduce: `benchmarks` was imported from {command.__file__}, not from the checkout"
+            f" {checkout}: another package named `benchmarks` shadows it. Run `python benchmarks/reproduce.py`"
+            " from the checkout's root instead.",
+            file=sys.stderr,
+        )
+        return 2
+    return int(command.main(list(argv)))
+
+
 def main() -> None:
     """Console entry point of ``lightning-fed``."""
     # LightningCLI's subcommands are fixed (fit, validate, test, ...): `reproduce` is dispatched before it parses.
     if sys.argv[1:2] == ["reproduce"]:
-        from lightning_fed.reproduce.command import main as reproduce
-
         sys.exit(reproduce(sys.argv[2:]))
     FederatedCLI()
 

@@ -153,3 +153,17 @@ def test_feature_layer_none_needs_a_features_method(tmp_path):
     trainer = fast_trainer(tmp_path, num_rounds=1, callbacks=[SquaredFeatures(None)])
     with pytest.raises(TypeError, match="must define `features\\(x\\)`"):
         trainer.fit(BoringClassifier(), datamodule=make_datamodule(num_clients=2))
+
+
+def test_a_feature_term_without_loss_term_cannot_be_built():
+    class NoTerm(FeatureLossTerm):
+        pass
+
+    with pytest.raises(TypeError, match="abstract.*loss_term"):
+        NoTerm("net.1", "none")
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [({"feature_layer": 1}, "feature_layer"), ({"log_name": None}, "log_name")])
+def test_constructor_arguments_are_checked_with_the_argument_named(kwargs, name):
+    with pytest.raises(ValueError, match=rf"`{name}` must be"):
+        SquaredFeatures(**kwargs)

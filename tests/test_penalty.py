@@ -1,4 +1,5 @@
 import lightning.pytorch as L
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -10,8 +11,8 @@ from lightning_fed.log_buffer import LogBuffer, buffered_logging
 class Prox(ParameterPenalty):
     """(mu/2)||w - w_g||^2, with an optional closed form."""
 
-    def __init__(self, mu: float, closed_form: bool = True) -> None:
-        super().__init__("prox")
+    def __init__(self, mu: float, closed_form: bool = True, log_every_n_steps: int = 1) -> None:
+        super().__init__("prox", log_every_n_steps)
         self.mu, self.closed_form = mu, closed_form
 
     def penalty(self, params, ctx):
@@ -79,3 +80,18 @@ def test_zero_penalty_is_exactly_fedavg_and_the_value_is_logged(tmp_path):
     strong, strong_history = _fit(tmp_path, [Prox(5.0)])
     assert strong_history[-1]["train/prox"] > 0.0
     assert any(not torch.equal(strong[n], t) for n, t in plain.items())
+
+
+def test_a_penalty_without_penalty_cannot_be_built():
+    class NoPenalty(ParameterPenalty):
+        pass
+
+    with pytest.raises(TypeError, match="abstract.*penalty"):
+        NoPenalty("none")
+    assert Prox(1.0).log_name == "prox"  # a complete subclass builds
+
+
+@pytest.mark.parametrize("value", [0, 1.5, True])
+def test_log_every_n_steps_is_checked_with_the_argument_named(value):
+    with pytest.raises(ValueError, match=rf"`log_every_n_steps` must be an integer >= 1; got {value!r}\."):
+        Prox(1.0, log_every_n_steps=value)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
@@ -12,7 +12,9 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from lightning_fed.callbacks.base import FedCallback
-from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, StateDict
+from lightning_fed.checks import check_instance
+from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.functional.state_dict import StateDict
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -27,7 +29,7 @@ class FeatureMixin(Protocol):
         ...
 
 
-class FeatureLossTerm(FedCallback):
+class FeatureLossTerm(FedCallback, ABC):
     """Base for terms added to the local loss that need the activations of one layer of the user's module.
 
     While a client trains, a forward hook on ``pl_module.get_submodule(feature_layer)`` keeps the layer's latest
@@ -41,6 +43,9 @@ class FeatureLossTerm(FedCallback):
     ``on_aggregate``, ``on_exception`` and ``teardown``. It captures only with autograd on and the layer in train
     mode, so evaluation never overwrites the features.
 
+    The class is abstract: a subclass must implement :meth:`loss_term` (instantiating one that does not raises
+    ``TypeError`` naming it).
+
     With ``feature_layer=None`` the module must implement :class:`FeatureMixin`; the features are then
     ``pl_module.features(batch[0])``, which costs an extra forward pass per step. Subclasses that override a hook
     call ``super()`` so the hook is still registered and removed.
@@ -53,8 +58,8 @@ class FeatureLossTerm(FedCallback):
     """
 
     def __init__(self, feature_layer: str | None, log_name: str) -> None:
-        self.feature_layer = feature_layer
-        self.log_name = log_name
+        self.feature_layer = check_instance("feature_layer", feature_layer, (str, type(None)), "a layer name or None")
+        self.log_name = check_instance("log_name", log_name, str, "a string")
         self._handle: RemovableHandle | None = None
         self._features: Tensor | None = None
 
@@ -104,7 +109,12 @@ class FeatureLossTerm(FedCallback):
 
     @override
     def client_loss(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, batch: Any, batch_idx: int
+        self,
+        trainer: FederatedTrainer,
+        pl_module: LightningModule,
+        client_ctx: ClientContext,
+        batch: Any,
+        batch_idx: int,
     ) -> Tensor | None:
         if self.feature_layer is None:
             features: Tensor | None = pl_module.features(batch[0])  # type: ignore[operator]

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from lightning.pytorch import LightningModule
@@ -12,8 +11,11 @@ from typing_extensions import override
 
 from lightning_fed.callbacks.penalty import ParameterPenalty
 from lightning_fed.callbacks.personalized import PersonalizedCallback
-from lightning_fed.client import ClientContext, RoundContext, StateDict
+from lightning_fed.checks import check_choice, check_int, check_real
+from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.functional.fedamp import fedamp_weights, pairwise_squared_distances, personalized_cloud_models
+from lightning_fed.functional.state_dict import StateDict
+from lightning_fed.schedule import is_due
 from lightning_fed.store import ClientStateStore
 
 if TYPE_CHECKING:
@@ -22,18 +24,6 @@ if TYPE_CHECKING:
 _START_FROM = ("cloud", "local")
 _EVALUATE = ("local", "cloud")
 _CLOUD_KEY = "fedamp_cloud"
-
-
-def _check_positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}.")
-    return float(value)
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ValueError(f"`{name}` must be one of {list(choices)}, got {value!r}.")
-    return value
 
 
 class FedAMP(ParameterPenalty, PersonalizedCallback):
@@ -47,8 +37,9 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
     (cross-silo, as in the paper) and :math:`A(x) = 1 - e^{-x/\sigma}`:
 
     .. math::
-        \xi_{ij} = \alpha_k A'(\lVert w_i - w_j \rVert^2) = \frac{\alpha_k}{\sigma} e^{-\lVert w_i - w_j \rVert^2/\sigma}
-        \ (j \ne i), \qquad \xi_{ii} = 1 - \sum_{j \ne i} \xi_{ij}, \qquad u_i = \sum_j \xi_{ij} w_j
+        \xi_{ij} = \alpha_k A'(\lVert w_i - w_j \rVert^2)
+        = \frac{\alpha_k}{\sigma} e^{-\lVert w_i - w_j \rVert^2/\sigma} \ (j \ne i),
+        \qquad \xi_{ii} = 1 - \sum_{j \ne i} \xi_{ij}, \qquad u_i = \sum_j \xi_{ij} w_j
 
     and each sampled client :math:`i` solves (Eq. 6), by the trainer's local epochs/steps of its optimizer,
 
@@ -95,6 +86,7 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
     """
 
     namespace_name = "fedamp"
+    sigma_may_be_zero: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -108,24 +100,20 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
     ) -> None:
         ParameterPenalty.__init__(self, f"{self.namespace_name}_proximal", log_every_n_steps)
         PersonalizedCallback.__init__(self, self.namespace_name)
-        self.alpha_k = _check_positive("alpha_k", alpha_k)
-        self.lam = _check_positive("lam", lam)
-        self.sigma = self._check_sigma(sigma)
-        self.start_from = _check_choice("start_from", start_from, _START_FROM)
-        self.evaluate = _check_choice("evaluate", evaluate, _EVALUATE)
-        if isinstance(heatmap_every_n_rounds, bool) or not isinstance(heatmap_every_n_rounds, int) or heatmap_every_n_rounds < 0:
-            raise ValueError(f"`heatmap_every_n_rounds` must be an int >= 0 (0: never), got {heatmap_every_n_rounds!r}.")
-        self.heatmap_every_n_rounds = heatmap_every_n_rounds
+        self.alpha_k = check_real("alpha_k", alpha_k, minimum=0.0, exclusive_minimum=True)
+        self.lam = check_real("lam", lam, minimum=0.0, exclusive_minimum=True)
+        # FedAMP's σ divides the distances; HeurFedAMP's multiplies cosines, where 0 means uniform weights.
+        self.sigma = check_real("sigma", sigma, minimum=0.0, exclusive_minimum=not self.sigma_may_be_zero)
+        self.start_from = check_choice("start_from", start_from, _START_FROM)
+        self.evaluate = check_choice("evaluate", evaluate, _EVALUATE)
+        self.heatmap_every_n_rounds = check_int("heatmap_every_n_rounds", heatmap_every_n_rounds, minimum=0)
         self.initial_params: StateDict | None = None
         self.xi: Tensor | None = None
         self._clouds: dict[int, StateDict] = {}
         self._evaluation_clouds: tuple[int, list[StateDict]] | None = None
 
-    def _check_sigma(self, sigma: float) -> float:
-        return _check_positive("sigma", sigma)
-
     def collaboration_weights(self, states: list[StateDict], keys: list[str], resolution: float) -> Tensor:
-        """The ``(m, m)`` matrix ξ over ``states``; HeurFedAMP overrides this and nothing else."""
+        """The ``(m, m)`` matrix ξ over ``states``; HeurFedAMP overrides this (and allows σ = 0), nothing else."""
         distances = pairwise_squared_distances(states, keys)
         return fedamp_weights(distances, self.alpha_k, self.sigma, resolution)
 
@@ -165,7 +153,9 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
         start = cloud if self.start_from == "cloud" else self.client_model(client_ctx.store, client_ctx.client_id)
         client_ctx.initial_params = start
         client_ctx.extras[_CLOUD_KEY] = {
-            name: cloud[name].to(device=p.device, dtype=p.dtype) for name, p in pl_module.named_parameters() if p.requires_grad
+            name: cloud[name].to(device=p.device, dtype=p.dtype)
+            for name, p in pl_module.named_parameters()
+            if p.requires_grad
         }
 
     @override
@@ -183,7 +173,9 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
         return {name: coefficient * (p.detach() - cloud[name]) for name, p in params.items()}
 
     @override
-    def on_client_end(self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: Any) -> None:
+    def on_client_end(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
+    ) -> None:
         self.save_personal(client_ctx.store, client_ctx.client_id, update.params)
         self._clouds.pop(client_ctx.client_id, None)
 
@@ -197,7 +189,8 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
             return self.client_model(client_ctx.store, client_ctx.client_id)
         if self._evaluation_clouds is None or self._evaluation_clouds[0] != client_ctx.round_idx:
             everyone = list(range(trainer.datamodule.num_clients))
-            self._evaluation_clouds = (client_ctx.round_idx, self._cloud_models(trainer, pl_module, client_ctx.store, everyone)[1])
+            clouds = self._cloud_models(trainer, pl_module, client_ctx.store, everyone)[1]
+            self._evaluation_clouds = (client_ctx.round_idx, clouds)
         return self._evaluation_clouds[1][client_ctx.client_id]
 
     @override
@@ -209,8 +202,7 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
             return
         metrics[f"{self.namespace_name}/xi_self_mean"] = float(self.xi.diagonal().mean())
         round_number = round_ctx.round_idx + 1
-        every = self.heatmap_every_n_rounds
-        if every and (round_number % every == 0 or round_number == trainer.num_rounds):
+        if is_due(round_number, self.heatmap_every_n_rounds, trainer.num_rounds):
             self._log_heatmap(trainer, round_number)
 
     def _log_heatmap(self, trainer: FederatedTrainer, round_number: int) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -12,6 +11,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_fed.callbacks.penalty import ParameterPenalty
+from lightning_fed.checks import InvalidArgumentError, check_bool, check_real
 from lightning_fed.client import ClientContext, RoundContext
 from lightning_fed.functional.fedgg import adaptive_weight, cosine_loss, cosine_loss_gradient, flatten, unflatten
 
@@ -81,14 +81,13 @@ class FedGG(ParameterPenalty):
     def __init__(
         self, mu: float = 0.01, adaptive: bool = True, lam: float | None = None, log_every_n_steps: int = 1
     ) -> None:
-        if not math.isfinite(mu) or mu < 0:
-            raise ValueError(f"`mu` must be a finite number >= 0, got {mu}; mu=0 gives FedAvg.")
+        self.mu = check_real("mu", mu, minimum=0.0)
+        self.adaptive = check_bool("adaptive", adaptive)
         if adaptive and lam is not None:
-            raise ValueError("`lam` is the fixed weight: set `adaptive=False` to use it, or drop `lam`.")
-        if not adaptive and (lam is None or not math.isfinite(lam) or lam < 0):
-            raise ValueError(f"`adaptive=False` needs a fixed weight `lam` >= 0 (the paper uses ~5e-8), got {lam}.")
+            # `lam` is the fixed weight: silently ignoring it would run another method than the user asked for.
+            raise InvalidArgumentError("lam", lam, "None with `adaptive=True` (set `adaptive=False` to use a fixed λ)")
+        self.lam: float | None = None if adaptive else check_real("lam", lam, minimum=0.0)
         super().__init__("fedgg_cosine", log_every_n_steps)
-        self.mu, self.adaptive, self.lam = float(mu), adaptive, lam
         self._previous_global: dict[str, Tensor] | None = None
         self._previous_clients: list[int] = []
         self._g: Tensor | None = None
@@ -141,8 +140,8 @@ class FedGG(ParameterPenalty):
         """λ_m for the step about to be taken (``client_ctx.num_steps`` = m − 1 steps done), detached."""
         if client_ctx.num_steps == 0:
             return 0.0
-        if not self.adaptive:
-            return float(self.lam)
+        if self.lam is not None:  # the fixed weight, set exactly when `adaptive=False`
+            return self.lam
         return adaptive_weight(self.mu, self._flat(params), self._anchor, self._before_last_step)
 
     @override
@@ -169,7 +168,10 @@ class FedGG(ParameterPenalty):
 
     @override
     def penalty_gradient(self, params: dict[str, Tensor], client_ctx: ClientContext) -> dict[str, Tensor]:
-        """The closed-form gradient of :meth:`penalty`, see :func:`~lightning_fed.functional.fedgg.cosine_loss_gradient`."""
+        """The closed-form gradient of :meth:`penalty`.
+
+        See :func:`~lightning_fed.functional.fedgg.cosine_loss_gradient`.
+        """
         if self._g is None or self._previous_global is None:
             return {}
         gradient = cosine_loss_gradient(self._g, self._flat(params) - self._anchor, self._weight)

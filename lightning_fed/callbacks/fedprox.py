@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 from torch import Tensor
 from typing_extensions import override
 
 from lightning_fed.callbacks.penalty import ParameterPenalty
+from lightning_fed.checks import check_real
 from lightning_fed.client import ClientContext
 
 
@@ -45,16 +44,14 @@ class FedProx(ParameterPenalty):
     FedGG paper (arXiv:2204.03920, §4.2) runs FedProx with as its best setting.
 
     Args:
-        mu: The proximal coefficient μ ≥ 0.
+        mu: The proximal coefficient μ ≥ 0 (0 is plain FedAvg).
         log_every_n_steps: Log the proximal value every n local steps (each log costs one pass over the
             parameters).
     """
 
     def __init__(self, mu: float = 0.01, log_every_n_steps: int = 1) -> None:
-        if not math.isfinite(mu) or mu < 0:
-            raise ValueError(f"`mu` must be a finite number >= 0, got {mu}; use mu=0 for plain FedAvg.")
+        self.mu = check_real("mu", mu, minimum=0.0)
         super().__init__("fedprox_proximal", log_every_n_steps)
-        self.mu = float(mu)
 
     @override
     def penalty(self, params: dict[str, Tensor], client_ctx: ClientContext) -> Tensor:

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import LightningModule
 from typing_extensions import override
 
 from lightning_fed.callbacks.personalized import PersonalizedCallback
-from lightning_fed.client import ClientContext, StateDict
+from lightning_fed.checks import check_int
+from lightning_fed.client import ClientContext
+from lightning_fed.functional.state_dict import StateDict
+from lightning_fed.schedule import is_due
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
-
-
-def _check_count(name: str, value: object, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be an integer >= 1{' or None' if allow_none else ''}, got {value!r}.")
 
 
 class FineTune(PersonalizedCallback):
@@ -55,14 +51,12 @@ class FineTune(PersonalizedCallback):
     """
 
     def __init__(self, epochs: int = 1, every_n_rounds: int | None = None) -> None:
-        _check_count("epochs", epochs)
-        _check_count("every_n_rounds", every_n_rounds, allow_none=True)
         super().__init__("finetune")
-        self.epochs = epochs
-        self.every_n_rounds = every_n_rounds
+        self.epochs = check_int("epochs", epochs, minimum=1)
+        self.every_n_rounds = check_int("every_n_rounds", every_n_rounds, minimum=1, allow_none=True)
 
     @override
-    def on_fit_start(self, trainer: FederatedTrainer, pl_module: LightningModule) -> None:
+    def on_fit_start(self, trainer: Any, pl_module: LightningModule) -> None:
         if trainer.client_eval == "none":
             raise ValueError(
                 "FineTune evaluates fine-tuned models on the clients' test splits, but the trainer's `client_eval` is "
@@ -71,8 +65,8 @@ class FineTune(PersonalizedCallback):
 
     def is_finetune_round(self, trainer: FederatedTrainer, round_idx: int) -> bool:
         """Whether the clients evaluated after round ``round_idx`` (0-based) are fine-tuned first."""
-        number = round_idx + 1
-        return number == trainer.num_rounds or (self.every_n_rounds is not None and number % self.every_n_rounds == 0)
+        # Without a period, the run's length is the period: only the last round is due.
+        return is_due(round_idx + 1, self.every_n_rounds or trainer.num_rounds, trainer.num_rounds)
 
     @override
     def evaluation_params(

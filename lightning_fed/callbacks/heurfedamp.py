@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import math
+from typing import ClassVar
 
 from torch import Tensor
 from typing_extensions import override
 
 from lightning_fed.callbacks.fedamp import FedAMP
-from lightning_fed.client import StateDict
+from lightning_fed.checks import check_real
 from lightning_fed.functional.fedamp import heurfedamp_weights, pairwise_cosine_similarity
+from lightning_fed.functional.state_dict import StateDict
 
 
 class HeurFedAMP(FedAMP):
@@ -47,6 +48,7 @@ class HeurFedAMP(FedAMP):
     """
 
     namespace_name = "heurfedamp"
+    sigma_may_be_zero: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -59,16 +61,8 @@ class HeurFedAMP(FedAMP):
         heatmap_every_n_rounds: int = 10,
         log_every_n_steps: int = 1,
     ) -> None:
-        if isinstance(self_weight, bool) or not isinstance(self_weight, (int, float)) or not 0.0 <= self_weight <= 1.0:
-            raise ValueError(f"`self_weight` (xi_ii) must be a number in [0, 1], got {self_weight!r}.")
-        self.self_weight = float(self_weight)
+        self.self_weight = check_real("self_weight", self_weight, minimum=0.0, maximum=1.0)
         super().__init__(alpha_k, lam, sigma, start_from, evaluate, heatmap_every_n_rounds, log_every_n_steps)
-
-    @override
-    def _check_sigma(self, sigma: float) -> float:
-        if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not math.isfinite(sigma) or sigma < 0:
-            raise ValueError(f"`sigma` must be a finite number >= 0, got {sigma!r}.")
-        return float(sigma)
 
     @override
     def collaboration_weights(self, states: list[StateDict], keys: list[str], resolution: float) -> Tensor:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 import torch
@@ -12,13 +12,15 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_fed.callbacks.base import FedCallback
+from lightning_fed.checks import check_instance, check_int
 from lightning_fed.client import ClientContext
+from lightning_fed.functional.gradients import add_to_grad_
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
 
 
-class ParameterPenalty(FedCallback):
+class ParameterPenalty(FedCallback, ABC):
     r"""Base for local objectives :math:`f(w) + R(w)` where :math:`R` depends only on the parameters.
 
     Instead of adding :math:`R` to the loss (which would cost a second graph through every parameter), the base adds
@@ -26,7 +28,8 @@ class ParameterPenalty(FedCallback):
     clipping and the optimizer see the gradient of the full objective. The value of :math:`R` is logged as
     ``"<log_name>"`` (its round mean appears as ``train/<log_name>``).
 
-    A subclass implements :meth:`penalty` and, where a closed form exists, :meth:`penalty_gradient`; without it the
+    The class is abstract: a subclass must implement :meth:`penalty` (instantiating one that does not raises
+    ``TypeError`` naming it) and, where a closed form exists, :meth:`penalty_gradient`; without it the
     gradient comes from autograd of :meth:`penalty`. The tensors in ``params`` are the module's live parameters
     (``requires_grad`` ones only), keyed by ``named_parameters`` names. Anything the penalty is measured against
     (the global model, a Fisher) must be detached: the penalty's gradient is taken with respect to ``params`` only.
@@ -37,10 +40,8 @@ class ParameterPenalty(FedCallback):
     """
 
     def __init__(self, log_name: str, log_every_n_steps: int = 1) -> None:
-        if log_every_n_steps < 1:
-            raise ValueError(f"`log_every_n_steps` must be >= 1, got {log_every_n_steps}.")
-        self.log_name = log_name
-        self.log_every_n_steps = log_every_n_steps
+        self.log_name = check_instance("log_name", log_name, str, "a string")
+        self.log_every_n_steps = check_int("log_every_n_steps", log_every_n_steps, minimum=1)
 
     def is_active(self, client_ctx: ClientContext) -> bool:
         """Whether the penalty applies to this client now (e.g. not on a first participation)."""
@@ -70,14 +71,9 @@ class ParameterPenalty(FedCallback):
     ) -> None:
         if not self.is_active(client_ctx):
             return
-        params = {name: p for name, p in pl_module.named_parameters() if p.requires_grad}
-        grads = self.gradient(params, client_ctx)
+        params: dict[str, Tensor] = {name: p for name, p in pl_module.named_parameters() if p.requires_grad}
+        for name, grad in self.gradient(params, client_ctx).items():
+            add_to_grad_(params[name], grad)
         with torch.no_grad():
-            for name, grad in grads.items():
-                param = params[name]
-                if param.grad is None:
-                    param.grad = grad.to(param.dtype).clone()
-                else:
-                    param.grad.add_(grad.to(param.grad.dtype))
             if client_ctx.num_steps % self.log_every_n_steps == 0:
                 pl_module.log(self.log_name, self.penalty({n: p.detach() for n, p in params.items()}, client_ctx))

@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lightning.pytorch import LightningModule
+from typing_extensions import override
 
 from lightning_fed.callbacks.base import FedCallback
-from lightning_fed.client import ClientContext, StateDict
+from lightning_fed.checks import check_instance
+from lightning_fed.client import ClientContext
+from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.store import ClientStateStore
 
 if TYPE_CHECKING:
@@ -29,7 +32,7 @@ class PersonalizedCallback(FedCallback):
     """
 
     def __init__(self, namespace: str) -> None:
-        self.namespace = namespace
+        self.namespace = check_instance("namespace", namespace, str, "a string")
 
     def save_personal(self, store: ClientStateStore, client_id: int, params: StateDict) -> None:
         """Stores ``params`` (copied to the CPU) as the client's personalised model."""
@@ -46,6 +49,7 @@ class PersonalizedCallback(FedCallback):
         """The model to evaluate ``client_ctx.client_id`` with; ``None`` keeps the global model."""
         return self.personal_params(client_ctx.store, client_ctx.client_id)
 
+    @override
     def on_client_evaluate_start(
         self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext
     ) -> None:

@@ -11,9 +11,10 @@ from lightning.pytorch.callbacks import ProgressBar
 from tqdm.auto import tqdm
 from typing_extensions import override
 
-from lightning_fed.callbacks.base import FedCallback
 from lightning_fed import distributed
+from lightning_fed.callbacks.base import FedCallback
 from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.round_evaluation import headline
 
 
 class RoundProgressBar(FedCallback, ProgressBar):
@@ -57,15 +58,18 @@ class RoundProgressBar(FedCallback, ProgressBar):
         self._refresh()
 
     @override
-    def on_client_end(self, trainer: Any, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate) -> None:
+    def on_client_end(
+        self, trainer: Any, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
+    ) -> None:
         self._clients_done += 1
         self._refresh()
 
     @override
-    def on_round_end(self, trainer: Any, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]) -> None:
-        from lightning_fed.round_evaluation import headline
-
-        self._shown = {key.split("/")[-1].replace("_mean", "(clients)"): f"{value:.4f}" for key, value in headline(metrics).items()}
+    def on_round_end(
+        self, trainer: Any, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
+    ) -> None:
+        shown = headline(metrics)
+        self._shown = {key.split("/")[-1].replace("_mean", "(clients)"): f"{value:.4f}" for key, value in shown.items()}
         self._refresh()
         if self._bar is not None:
             self._bar.update(1)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -11,9 +10,16 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_fed.callbacks.feature_loss import FeatureLossTerm
+from lightning_fed.checks import InvalidArgumentError, check_choice, check_int, check_real
 from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
-from lightning_fed.functional.mmd import clip_rows, delta_bytes, gaussian_noise, leave_one_out_means
-from lightning_fed.functional.mmd import leave_one_out_spread, linear_mmd
+from lightning_fed.functional.mmd import (
+    clip_rows,
+    delta_bytes,
+    gaussian_noise,
+    leave_one_out_means,
+    leave_one_out_spread,
+    linear_mmd,
+)
 from lightning_fed.functional.state_dict import state_nbytes
 from lightning_fed.seeding import derive_seed
 
@@ -50,8 +56,9 @@ class RFedAvg(FeatureLossTerm):
 
     δ over ``delta="full"`` (all the client's training samples, the paper) or ``"minibatch"`` (one random batch of
     ``minibatch_size``, the authors' code), computed in eval mode without gradients (BatchNorm uses its running
-    statistics; the authors' code used train mode). DP (§VI-8): each per-sample feature is clipped to norm ``dp_clip`` = C and δ gets N(0, σ²C²I)/L with
-    σ = ``dp_std``, L the samples averaged. Minibatches and noise are seeded from the run seed, round and client.
+    statistics; the authors' code used train mode). DP (§VI-8): each per-sample feature is clipped to norm
+    ``dp_clip`` = C and δ gets N(0, σ²C²I)/L with σ = ``dp_std``, L the samples averaged. Minibatches and
+    noise are seeded from the run seed, round and client.
 
     Communication (per round, float32): v1 broadcasts the n-vector of δ's to each of the K trained clients
     (K·n·d·4 B, Alg. 1 line 3, O(dN²)); plus sends one δ̄_{−k} per client (K·d·4 B, O(dN)); each δ computed is
@@ -88,19 +95,16 @@ class RFedAvg(FeatureLossTerm):
         population: Literal["all", "sampled"] = "all",
     ) -> None:
         super().__init__(feature_layer, log_name="rfedavg_reg")
-        _check_choices(variant=(variant, ("v1", "plus")), delta=(delta, ("full", "minibatch")),
-                       population=(population, ("all", "sampled")))
-        if not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam < 0:
-            raise ValueError(f"`lam` must be a finite number >= 0 (the paper uses 1e-5 to 0.1), got {lam!r}.")
-        if isinstance(minibatch_size, bool) or not isinstance(minibatch_size, int) or minibatch_size < 1:
-            raise ValueError(f"`minibatch_size` must be a positive integer, got {minibatch_size!r}.")
-        for name, value in (("dp_std", dp_std), ("dp_clip", dp_clip)):
-            if value is not None and (not math.isfinite(value) or value <= 0):
-                raise ValueError(f"`{name}` must be a positive number or None, got {value!r}.")
+        self.lam = check_real("lam", lam, minimum=0.0)
+        self.variant = check_choice("variant", variant, ("v1", "plus"))
+        self.delta = check_choice("delta", delta, ("full", "minibatch"))
+        self.minibatch_size = check_int("minibatch_size", minibatch_size, minimum=1)
+        self.dp_std = check_real("dp_std", dp_std, minimum=0.0, exclusive_minimum=True, allow_none=True)
+        self.dp_clip = check_real("dp_clip", dp_clip, minimum=0.0, exclusive_minimum=True, allow_none=True)
+        self.population = check_choice("population", population, ("all", "sampled"))
         if dp_std is not None and dp_clip is None:
-            raise ValueError("`dp_std` needs `dp_clip`: the noise is N(0, dp_std² · dp_clip² I)/L; set `dp_clip`.")
-        self.lam, self.variant, self.delta, self.minibatch_size = float(lam), variant, delta, minibatch_size
-        self.dp_std, self.dp_clip, self.population = dp_std, dp_clip, population
+            # The noise N(0, dp_std² · dp_clip² I)/L is scaled by the clipping norm: noise alone has no scale.
+            raise InvalidArgumentError("dp_clip", dp_clip, f"a number > 0 when `dp_std` is set (dp_std={dp_std!r})")
         self._targets: dict[int, tuple[Tensor, Tensor]] = {}
         self._round_ctx: RoundContext | None = None
 
@@ -132,7 +136,12 @@ class RFedAvg(FeatureLossTerm):
 
     @override
     def client_loss(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, batch: Any, batch_idx: int
+        self,
+        trainer: FederatedTrainer,
+        pl_module: LightningModule,
+        client_ctx: ClientContext,
+        batch: Any,
+        batch_idx: int,
     ) -> Tensor | None:
         if self.lam == 0.0 or client_ctx.client_id not in self._targets:
             # Drop the capture so λ = 0 leaves the step exactly FedAvg's.
@@ -210,12 +219,6 @@ class RFedAvg(FeatureLossTerm):
         if total is None:
             raise ValueError("RFedAvg got a client with no training samples; every client needs data to compute δ.")
         return total.cpu(), count
-
-
-def _check_choices(**choices: tuple[str, tuple[str, ...]]) -> None:
-    for name, (value, allowed) in choices.items():
-        if value not in allowed:
-            raise ValueError(f"`{name}` must be one of {', '.join(map(repr, allowed))}, got {value!r}.")
 
 
 __all__ = ["RFedAvg"]

@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-StateDict = Mapping[str, Tensor]
 FLOAT64_RESOLUTION = torch.finfo(torch.float64).eps
 
 
@@ -25,12 +24,12 @@ class FedAMPWeightWarning(UserWarning):
     """The collaboration weights had to be clipped, or are too small to let clients collaborate."""
 
 
-def _stacked(states: Sequence[StateDict], key: str) -> Tensor:
+def _stacked(states: Sequence[Mapping[str, Tensor]], key: str) -> Tensor:
     """One row per model: the entry ``key`` flattened, in float64 on the CPU."""
     return torch.stack([state[key].detach().reshape(-1).to("cpu", torch.float64) for state in states])
 
 
-def _check_states(states: Sequence[StateDict], keys: Sequence[str]) -> None:
+def _check_states(states: Sequence[Mapping[str, Tensor]], keys: Sequence[str]) -> None:
     if len(states) == 0:
         raise ValueError("`states` must hold at least one model.")
     if len(keys) == 0:
@@ -40,7 +39,7 @@ def _check_states(states: Sequence[StateDict], keys: Sequence[str]) -> None:
         raise KeyError(f"`states` lack entries named in `keys`, e.g. model {missing[0][0]} has no {missing[0][1]!r}.")
 
 
-def pairwise_squared_distances(states: Sequence[StateDict], keys: Sequence[str]) -> Tensor:
+def pairwise_squared_distances(states: Sequence[Mapping[str, Tensor]], keys: Sequence[str]) -> Tensor:
     r"""The matrix :math:`D_{ij} = \lVert w_i - w_j \rVert_2^2` over the entries ``keys`` of every model.
 
     The differences are formed entry by entry in float64 (not as :math:`\lVert a\rVert^2 + \lVert b\rVert^2 -
@@ -62,7 +61,7 @@ def pairwise_squared_distances(states: Sequence[StateDict], keys: Sequence[str])
     return total
 
 
-def pairwise_cosine_similarity(states: Sequence[StateDict], keys: Sequence[str]) -> Tensor:
+def pairwise_cosine_similarity(states: Sequence[Mapping[str, Tensor]], keys: Sequence[str]) -> Tensor:
     r"""The matrix :math:`C_{ij} = \cos(w_i, w_j) = w_i^\top w_j / (\lVert w_i\rVert \lVert w_j\rVert)` over ``keys``.
 
     A model that is exactly zero has no direction; its cosine with every model, itself included, is 0.
@@ -189,7 +188,9 @@ def heurfedamp_weights(cosine: Tensor, sigma: float, self_weight: float) -> Tens
     return weights + self_weight * torch.eye(size, dtype=torch.float64)
 
 
-def personalized_cloud_models(xi: Tensor, states: Sequence[StateDict], rows: Sequence[int]) -> list[dict[str, Tensor]]:
+def personalized_cloud_models(
+    xi: Tensor, states: Sequence[Mapping[str, Tensor]], rows: Sequence[int]
+) -> list[dict[str, Tensor]]:
     r"""The personalised cloud models :math:`u_i = \sum_j \xi_{ij} w_j` (Eq. 5) for the clients ``rows``.
 
     Floating-point entries (parameters and, e.g., BatchNorm statistics) are combined in float64 and cast back to

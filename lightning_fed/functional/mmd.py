@@ -1,7 +1,7 @@
 """Linear-kernel MMD and the δ (mean-feature) arithmetic of rFedAvg / rFedAvg+.
 
-Source: Wang et al., "Distribution-Regularized Federated Learning on Non-IID Data", ICDE 2023 (seed paper 000),
-Eq. (2), (5), Alg. 1, Alg. 2 and §VI-8. Conventions used throughout:
+Source: Wang, Tong, Zhou, Zhang, Pan, Fan, Yang, "Distribution-Regularized Federated Learning on Non-IID Data",
+ICDE 2023 (no arXiv id), Eq. (2), (5), Alg. 1, Alg. 2 and §VI-8. Conventions used throughout:
 
 * δ_k = (1/L) Σ_i φ(x_{k,i}) is the mean feature of client k over L samples (all of them in the paper).
 * The linear-kernel MMD between a batch and a target is the **squared** L2 distance ‖mean_i φ_i − t‖², no ½.
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from lightning_fed.checks import check_choice
 
 
 def linear_mmd(features: Tensor, target: Tensor) -> Tensor:
@@ -83,12 +85,11 @@ def delta_bytes(variant: str, num_clients: int, dim: int, element_size: int = 4)
         dim: d, the feature width.
         element_size: Bytes per value (4 for float32).
     """
+    check_choice("variant", variant, ("v1", "plus"))
     per_delta = dim * element_size
     if variant == "v1":
         return num_clients * per_delta, per_delta
-    if variant == "plus":
-        return per_delta, per_delta
-    raise ValueError(f"`variant` must be 'v1' or 'plus', got {variant!r}.")
+    return per_delta, per_delta
 
 
 __all__ = ["clip_rows", "delta_bytes", "gaussian_noise", "leave_one_out_means", "leave_one_out_spread", "linear_mmd"]

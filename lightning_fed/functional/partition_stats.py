@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from lightning_fed.checks import check_int
+
 
 def label_histogram(labels: Tensor, partitions: Sequence[Tensor], num_classes: int) -> Tensor:
     """Counts each client's examples per class.
@@ -31,8 +33,7 @@ def label_histogram(labels: Tensor, partitions: Sequence[Tensor], num_classes: i
     labels = torch.as_tensor(labels)
     if labels.ndim != 1:
         raise ValueError(f"`labels` must be 1-D, got shape {tuple(labels.shape)}.")
-    if num_classes < 1:
-        raise ValueError(f"`num_classes` must be >= 1, got {num_classes}.")
+    check_int("num_classes", num_classes, minimum=1)
     labels = labels.to(torch.int64)
     if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"`labels` must lie in [0, {num_classes}); raise `num_classes` to cover them.")

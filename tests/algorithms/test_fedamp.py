@@ -245,6 +245,9 @@ def test_resume_is_bit_identical_with_personalised_state(tmp_path):
         ({"start_from": "global"}, "start_from"),
         ({"evaluate": "global"}, "evaluate"),
         ({"heatmap_every_n_rounds": -1}, "heatmap_every_n_rounds"),
+        ({"heatmap_every_n_rounds": 2.0}, "heatmap_every_n_rounds"),
+        ({"alpha_k": True}, "alpha_k"),
+        ({"log_every_n_steps": 0}, "log_every_n_steps"),
     ],
 )
 def test_invalid_arguments_are_refused_with_the_argument_named(kwargs, name):
@@ -252,7 +255,7 @@ def test_invalid_arguments_are_refused_with_the_argument_named(kwargs, name):
         FedAMP(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs, name", [({"self_weight": 1.5}, "self_weight"), ({"sigma": -1.0}, "sigma")])
+@pytest.mark.parametrize("kwargs, name", [({"self_weight": 1.5}, "self_weight"), ({"sigma": -1.0}, "sigma"), ({"self_weight": None}, "self_weight")])
 def test_heurfedamp_invalid_arguments_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=f"`{name}`"):
         HeurFedAMP(**kwargs)

@@ -206,7 +206,7 @@ def test_resume_is_bit_identical(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, match",
     [({"mu": -1.0}, "`mu`"), ({"lam": 1e-8}, "`adaptive=False`"), ({"adaptive": False}, "`lam`"),
-     ({"adaptive": False, "lam": float("nan")}, "`lam`")],
+     ({"adaptive": False, "lam": float("nan")}, "`lam`"), ({"adaptive": 1}, "`adaptive`")],
 )
 def test_invalid_settings_are_refused_with_the_argument_named(kwargs, match):
     with pytest.raises(ValueError, match=match):

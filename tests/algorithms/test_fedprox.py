@@ -161,7 +161,7 @@ def test_task_loss_and_proximal_term_are_logged_separately(tmp_path, fedavg_run)
     assert any(not torch.equal(strong[n], t) for n, t in plain.items())
 
 
-@pytest.mark.parametrize("mu", [-0.1, float("nan"), float("inf")])
+@pytest.mark.parametrize("mu", [-0.1, float("nan"), float("inf"), True, "0.1"])
 def test_invalid_mu_is_refused_with_the_argument_named(mu):
     with pytest.raises(ValueError, match="`mu`"):
         FedProx(mu)

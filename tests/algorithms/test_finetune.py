@@ -70,7 +70,8 @@ def test_every_n_rounds_fine_tunes_those_rounds_and_the_last(tmp_path):
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"epochs": 0}, "epochs"), ({"epochs": 1.5}, "epochs"), ({"every_n_rounds": 0}, "every_n_rounds")],
+    [({"epochs": 0}, "epochs"), ({"epochs": 1.5}, "epochs"), ({"epochs": True}, "epochs"),
+     ({"every_n_rounds": 0}, "every_n_rounds")],
 )
 def test_bad_arguments_are_refused_with_their_name(kwargs, name):
     with pytest.raises(ValueError, match=f"`{name}`"):

@@ -103,6 +103,8 @@ def test_table_iii_delta_size_ratio():
         assert v1_up == plus_up == 512 * 4
     # The paper's per-δ size carries a fixed serialisation overhead: 2808 - 512·4 == 1784 - 256·4 (RNN, d = 256).
     assert 2808 - delta_bytes("plus", 20, 512)[0] == 1784 - delta_bytes("plus", 20, 256)[0]
+    with pytest.raises(ValueError, match="`variant` must be one of 'v1', 'plus'"):
+        delta_bytes("v2", 20, 512)
 
 
 def test_clipping_and_noise_scale_are_right_and_seeded():
@@ -229,8 +231,14 @@ def test_plus_with_all_clients_computes_every_delta_and_ships_the_model_to_unsam
 
 
 def test_arguments_are_validated_and_layer_suffix_resolves():
-    with pytest.raises(ValueError, match="dp_clip"):
+    with pytest.raises(ValueError, match=r"`dp_clip` must be a number > 0 when `dp_std` is set"):
         RFedAvg(1.0, dp_std=1.0)
+    with pytest.raises(ValueError, match="`dp_clip`"):
+        RFedAvg(1.0, dp_clip=0.0)
+    with pytest.raises(ValueError, match="`minibatch_size`"):
+        RFedAvg(1.0, delta="minibatch", minibatch_size=True)
+    with pytest.raises(ValueError, match="`population`"):
+        RFedAvg(1.0, population="some")
     with pytest.raises(ValueError, match="variant"):
         RFedAvg(1.0, variant="v2")
     with pytest.raises(ValueError, match="lam"):

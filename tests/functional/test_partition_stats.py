@@ -25,6 +25,8 @@ def test_label_histogram_hand_built() -> None:
     assert hist.tolist() == [[1, 1, 0, 0], [0, 1, 3, 0], [0, 0, 0, 0]]
     with pytest.raises(ValueError, match="num_classes"):
         label_histogram(labels, parts, num_classes=2)
+    with pytest.raises(ValueError, match="`num_classes` must be an integer >= 1"):
+        label_histogram(labels, parts, num_classes=0)
 
 
 def test_class_distribution_rows_sum_to_one_and_empty_rows_stay_zero() -> None:

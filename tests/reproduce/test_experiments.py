@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.reproduce.claims import CLAIMS, claims_for, experiments_of
+from benchmarks.reproduce.experiments import EXPERIMENTS, experiments_for
 from lightning_fed.cli import FederatedCLI
-from lightning_fed.reproduce.claims import CLAIMS, claims_for, experiments_of
-from lightning_fed.reproduce.experiments import EXPERIMENTS, experiments_for
 
 ROOT = Path(__file__).parents[2]
 

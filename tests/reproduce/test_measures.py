@@ -4,8 +4,8 @@ import statistics
 
 import pytest
 
-from lightning_fed.reproduce import measures
-from lightning_fed.reproduce.measures import MissingMetricError
+from benchmarks.reproduce import measures
+from benchmarks.reproduce.measures import MissingMetricError
 
 
 def _summary(values, key="global/test_acc", **extra):

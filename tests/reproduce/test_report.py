@@ -3,11 +3,11 @@
 import json
 from pathlib import Path
 
-from lightning_fed.reproduce.claims import NO_VERDICT, claims_for
-from lightning_fed.reproduce.experiments import EXPERIMENTS
-from lightning_fed.reproduce.report import run_context, write_report
-from lightning_fed.reproduce.rules import PARTLY, REPRODUCED
-from lightning_fed.reproduce.runner import FAILED, OK, RunResult, run_one
+from benchmarks.reproduce.claims import NO_VERDICT, claims_for
+from benchmarks.reproduce.experiments import EXPERIMENTS
+from benchmarks.reproduce.report import run_context, write_report
+from benchmarks.reproduce.rules import PARTLY, REPRODUCED
+from benchmarks.reproduce.runner import FAILED, OK, RunResult, run_one
 
 
 def _ok_run(tmp_path: Path, name: str, accuracies: list[float], **summary) -> RunResult:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from lightning_fed.reproduce.rules import (
+from benchmarks.reproduce.rules import (
     NOT,
     PARTLY,
     REPRODUCED,

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.reproduce import command
+from benchmarks.reproduce.claims import CLAIMS, NO_VERDICT
+from benchmarks.reproduce.dashboard import log_report
+from benchmarks.reproduce.report import Report
+from benchmarks.reproduce.rules import Verdict
+from benchmarks.reproduce.runner import WandbOptions
 from lightning_fed import cli
-from lightning_fed.reproduce import command
-from lightning_fed.reproduce.claims import CLAIMS, NO_VERDICT
-from lightning_fed.reproduce.dashboard import log_report
-from lightning_fed.reproduce.report import Report
-from lightning_fed.reproduce.rules import Verdict
-from lightning_fed.reproduce.runner import WandbOptions
 
 ROOT = Path(__file__).parents[2]
 
@@ -72,3 +72,34 @@ def test_report_is_logged_to_wandb_offline(tmp_path, monkeypatch):
     log_report(report, claims, WandbOptions("lightning-fed-test", "smoke"), tmp_path)
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].rglob("*.wandb"))
+
+
+def test_reproduce_finds_the_checkout_from_a_subdirectory_or_root(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "_PACKAGE_PARENT", tmp_path)
+    assert cli.find_checkout([], start=ROOT / "tests" / "reproduce") == ROOT
+    assert cli.find_checkout(["--profile", "smoke", "--root", str(ROOT)], start=tmp_path) == ROOT
+    assert cli.find_checkout([f"--root={ROOT}"], start=tmp_path) == ROOT
+    assert cli.find_checkout([], start=tmp_path) is None
+
+
+def test_reproduce_outside_a_checkout_says_what_to_do(tmp_path, monkeypatch, capsys):
+    # As from an installed wheel: neither the working directory nor the package's location is a checkout.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "_PACKAGE_PARENT", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["lightning-fed", "reproduce", "--profile", "smoke"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "no lightning-fed repository checkout found" in err and "--root" in err and "clone the repository" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_benchmarks_script_runs_the_suite():
+    import subprocess
+
+    # Run as `python benchmarks/reproduce.py`, as the README shows; --list prints the commands without running.
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reproduce.py"), "--profile", "small", "--claims",
+                           "5", "--list", "--no-wandb"], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith("lightning-fed fit --config configs/experiments/")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.reproduce.claims import Claim
+from benchmarks.reproduce.report import Report
+from benchmarks.reproduce.runner import WandbOptions
 from lightning_fed.loggers.wandb import has_wandb_credentials
-from lightning_fed.reproduce.claims import Claim
-from lightning_fed.reproduce.report import Report
-from lightning_fed.reproduce.runner import WandbOptions
 
 
 def log_report(report: Report, claims: list[Claim] | tuple[Claim, ...], options: WandbOptions, out_dir: Path) -> None:

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from lightning_fed.reproduce import figures, measures
-from lightning_fed.reproduce.claims import CLIENT_DISTRIBUTIONS, Claim, zhao_beta_points, zhao_emd_points
-from lightning_fed.reproduce.measures import Summary
-from lightning_fed.reproduce.rules import Verdict
-from lightning_fed.reproduce.runner import RunResult
+from benchmarks.reproduce import figures, measures
+from benchmarks.reproduce.claims import CLIENT_DISTRIBUTIONS, Claim, zhao_beta_points, zhao_emd_points
+from benchmarks.reproduce.measures import Summary
+from benchmarks.reproduce.rules import Verdict
+from benchmarks.reproduce.runner import RunResult
 
 
 @dataclass

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_fed.reproduce.experiments import Experiment
+from benchmarks.reproduce.experiments import Experiment
 
 OK, FAILED = "ok", "failed"
 _LOG_TAIL_CHARS = 2000

@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lightning_fed.reproduce.claims import claims_for, experiments_of
-from lightning_fed.reproduce.experiments import PROFILES, experiments_for
-from lightning_fed.reproduce.report import run_context, write_report
-from lightning_fed.reproduce.runner import (
+from benchmarks.reproduce.claims import claims_for, experiments_of
+from benchmarks.reproduce.experiments import PROFILES, experiments_for
+from benchmarks.reproduce.report import run_context, write_report
+from benchmarks.reproduce.runner import (
     RunResult,
     WandbOptions,
     fit_args,
@@ -31,6 +31,9 @@ from lightning_fed.reproduce.runner import (
     run_dir_of,
     shown_command,
 )
+
+#: The repository checkout that holds this suite and its ``configs/``.
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="extra `lightning-fed fit` argument for every run, e.g. --override=--trainer.num_rounds=2")
     parser.add_argument("--no-wandb", action="store_true", help="do not log the runs and the report to W&B")
     parser.add_argument("--wandb-project", default="lightning-fed-reproduce")
-    parser.add_argument("--root", type=Path, default=Path.cwd(), help="repository root holding configs/ (default .)")
+    parser.add_argument("--root", type=Path, default=CHECKOUT,
+                        help="repository root holding configs/ (default: the checkout this command is in)")
     parser.add_argument("--report-only", action="store_true", help="write the report from the runs already in --out-dir")
     parser.add_argument("--list", action="store_true", help="print the runs' commands and exit")
     return parser
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     context = _context(args, argv, results, time.perf_counter() - start)
     report = write_report(out_dir, args.profile, claims, results, context)
     if wandb is not None:
-        from lightning_fed.reproduce.dashboard import log_report
+        from benchmarks.reproduce.dashboard import log_report
 
         log_report(report, claims, wandb, out_dir)
     for claim in claims:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from matplotlib.ticker import AutoLocator
 
+from benchmarks.reproduce import measures
+from benchmarks.reproduce.claims import Claim
+from benchmarks.reproduce.measures import Summary
 from lightning_fed.plots import plot_client_accuracy, plot_round_curves, save_figure
-from lightning_fed.reproduce import measures
-from lightning_fed.reproduce.claims import Claim
-from lightning_fed.reproduce.measures import Summary
 
 
 def _merged_history(curves: Mapping[str, tuple[Summary, str]]) -> list[dict[str, float]]:

@@ -1,6 +1,6 @@
 """The papers' headline claims: the text, the paper's figure, the runs each rests on and its verdict rule.
 
-The rules (:mod:`lightning_fed.reproduce.rules`) and the metric each claim reads were fixed before any small- or
+The rules (:mod:`benchmarks.reproduce.rules`) and the metric each claim reads were fixed before any small- or
 full-profile run. A claim whose runs failed gets no verdict, and says which runs are missing.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from lightning_fed.reproduce import measures, rules
-from lightning_fed.reproduce.experiments import EXPERIMENTS
-from lightning_fed.reproduce.measures import MissingMetricError, Summary
-from lightning_fed.reproduce.rules import Verdict
+from benchmarks.reproduce import measures, rules
+from benchmarks.reproduce.experiments import EXPERIMENTS
+from benchmarks.reproduce.measures import MissingMetricError, Summary
+from benchmarks.reproduce.rules import Verdict
 
 GLOBAL_ACC = "global/test_acc"
 NO_VERDICT = "no verdict"
