@@ -1,9 +1,9 @@
 """The two-convolution CNN of FedAvg (McMahan et al., AISTATS 2017, arXiv:1602.05629), reused by rFedAvg (Wang et al.,
 "Distribution-Regularized Federated Learning on Non-IID Data", ICDE 2023).
 
-Zhao et al. (2018, "Federated Learning with Non-IID Data", arXiv:1806.00582) and Wang et al. both say they use "the same CNN structure
-as [McMahan et al.]"; Wang et al. add that "the dimension of the last FC layer is 512" and take that layer's output
-as the feature φ of their MMD regulariser.
+Zhao et al. (2018, "Federated Learning with Non-IID Data", arXiv:1806.00582) and Wang et al. both say they use "the
+same CNN structure as [McMahan et al.]"; Wang et al. add that "the dimension of the last FC layer is 512" and take
+that layer's output as the feature φ of their MMD regulariser.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ class FedAvgCNN(nn.Module):
     """McMahan et al. (2017) CNN: two 5×5 convolutions (32, 64 channels), each followed by ReLU and 2×2 max pooling,
     a 512-unit fully connected layer with ReLU, and a linear output layer.
 
-    Padding: neither McMahan et al. nor rFedAvg (Wang et al., ICDE 2023) state it, so the convolutions use 'same' padding
-    (padding=2). That is the only choice that reproduces McMahan et al.'s reported total of 1,663,370 parameters for
-    MNIST (1×28×28 input, 10 classes); with no padding the count would be 582,026.
+    Padding: neither McMahan et al. nor rFedAvg (Wang et al., ICDE 2023) state it, so the convolutions use 'same'
+    padding (padding=2). That is the only choice that reproduces McMahan et al.'s reported total of 1,663,370
+    parameters for MNIST (1×28×28 input, 10 classes); with no padding the count would be 582,026.
 
     Feature layer: the 512-d output of ``fc1`` after its ReLU is the penultimate activation that rFedAvg's MMD
     compares (ALGORITHMS.md). The ReLU is its own module, ``features_act`` (also in the class attribute

@@ -1,5 +1,5 @@
-"""The "three-layer MLP" of FedGG (Wu, Liu, Xue 2022, arXiv:2204.03920), used there for SVHN: "the dimensions of the input
-layer, hidden layer and output layer are 3×32×32, 512, and 10", with ReLU activation."""
+"""The "three-layer MLP" of FedGG (Wu, Liu, Xue 2022, arXiv:2204.03920), used there for SVHN: "the dimensions of the
+input layer, hidden layer and output layer are 3×32×32, 512, and 10", with ReLU activation."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ class MLP(nn.Module):
 
     Depth: FedGG's "three-layer MLP" counts the input, hidden and output layers of the network, i.e. ONE hidden
     layer of 512 units (input → 512 → classes), so ``num_hidden_layers`` defaults to 1. Zhao et al. (2018,
-    arXiv:1806.00582) and rFedAvg (Wang et al., ICDE 2023) use no MLP. Pass ``num_hidden_layers=2`` for McMahan et al.'s "2NN" (784 → 200 → 200 → 10 with
-    ``hidden_dim=200``).
+    arXiv:1806.00582) and rFedAvg (Wang et al., ICDE 2023) use no MLP. Pass ``num_hidden_layers=2`` for McMahan et
+    al.'s "2NN" (784 → 200 → 200 → 10 with ``hidden_dim=200``).
 
     Feature layer: the last hidden layer's post-ReLU output; hook ``features_act`` (also the class attribute
     ``feature_layer``), width ``feature_dim``.

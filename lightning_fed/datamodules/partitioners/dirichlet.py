@@ -28,9 +28,9 @@ class DirichletPartitioner(Partitioner):
 
     Source: Wu, Liu, Xue, "Global Update Guided Federated Learning" (FedGG, 2022, arXiv:2204.03920), §4.1: client
     i's class distribution is a vector p_i over the M classes with p_i ~ Dirichlet(β), β ∈ {0.5, 0.1}; smaller β is
-    more skewed. That text is the ``proportions="per_client"`` form. FedGG says it follows MOON (Li, He, Song, "Model-Contrastive
-    Federated Learning", CVPR 2021), whose split is the ``"per_class"`` form, so both are offered; ``"per_class"`` is the
-    default.
+    more skewed. That text is the ``proportions="per_client"`` form. FedGG says it follows MOON (Li, He, Song,
+    "Model-Contrastive Federated Learning", CVPR 2021), whose split is the ``"per_class"`` form, so both are offered;
+    ``"per_class"`` is the default.
 
     ``proportions`` names what one Dirichlet draw is a distribution over:
 

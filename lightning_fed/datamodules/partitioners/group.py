@@ -59,17 +59,15 @@ class GroupPartitioner(Partitioner):
         super().__init__(num_partitions, seed)
         self.num_groups = check_int("num_groups", num_groups, minimum=1)
         if self.num_groups > self.num_partitions:
-            raise InvalidArgumentError(
-                "num_groups", num_groups, f"at most `num_partitions` ({self.num_partitions}), as every group needs a client"
-            )
+            every_group_a_client = f"at most `num_partitions` ({self.num_partitions}), as every group needs a client"
+            raise InvalidArgumentError("num_groups", num_groups, every_group_a_client)
         self.dominant_ratio = check_real("dominant_ratio", dominant_ratio, minimum=0.0, maximum=1.0)
         self.samples_per_client = _per_group("samples_per_client", samples_per_client, self.num_groups)
         self.clients_per_group = _per_group("clients_per_group", clients_per_group, self.num_groups)
         self.classes_per_group = _per_group("classes_per_group", classes_per_group, self.num_groups)
         if self.clients_per_group is not None and sum(self.clients_per_group) != self.num_partitions:
-            raise InvalidArgumentError(
-                "clients_per_group", self.clients_per_group, f"a list summing to `num_partitions` ({self.num_partitions})"
-            )
+            summing = f"a list summing to `num_partitions` ({self.num_partitions})"
+            raise InvalidArgumentError("clients_per_group", self.clients_per_group, summing)
 
     @override
     def partition(self, labels: Tensor, natural_ids: Tensor | None = None) -> list[Tensor]:
