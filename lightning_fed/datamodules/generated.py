@@ -83,12 +83,13 @@ class MNIST1DFederated(FederatedDataModule):
         args.seed = self.seed
         with _restored_global_rngs():
             data = make_dataset(args)
-        return tuple(
+        train, test = (
             TensorClassificationDataset(
                 torch.as_tensor(data[x], dtype=torch.float32).unsqueeze(1), torch.as_tensor(data[y], dtype=torch.int64)
             )
             for x, y in (("x", "y"), ("x_test", "y_test"))
         )
+        return train, test
 
 
 def synthetic_fedprox(
@@ -131,8 +132,8 @@ def synthetic_fedprox(
 
 
 class SyntheticFederated(FederatedDataModule):
-    """Synthetic(alpha, beta) of FedProx (Li et al., MLSys 2020, arXiv:1812.06127): naturally non-IID clients of a multinomial logistic
-    regression task; inputs ``[dimension]`` (60), ``num_classes`` (10) classes. See :func:`synthetic_fedprox`.
+    """Synthetic(alpha, beta) of FedProx (Li et al., MLSys 2020, arXiv:1812.06127): naturally non-IID clients of a
+    multinomial logistic regression task; inputs ``[dimension]`` (60), ``num_classes`` (10) classes. See :func:`synthetic_fedprox`.
 
     Each generated device is one client (a :class:`NaturalIdPartitioner` is used, no partitioner argument). A
     client's test split is held out from its own data (``client_test_fraction``, default 20 %); there is no other

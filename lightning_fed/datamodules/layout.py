@@ -51,7 +51,7 @@ def extract_labels(dataset: Dataset, name: str) -> Tensor:
     """The dataset's labels as an int64 tensor, from ``targets``/``labels`` when present, else by iterating once."""
     if isinstance(dataset, Subset):
         return extract_labels(dataset.dataset, name)[torch.as_tensor(dataset.indices, dtype=torch.int64)]
-    size = len(dataset)
+    size = len(dataset)  # type: ignore[arg-type]  # map-style datasets are sized; torch's Dataset does not say so
     if size == 0:
         raise ValueError(f"The {name} dataset is empty.")
     for attribute in ("targets", "labels"):

@@ -1,4 +1,5 @@
-"""LEAF benchmark datasets (Caldas et al. 2018, arXiv:1812.01097) read from the JSON files LEAF's preprocessing scripts write.
+"""LEAF benchmark datasets (Caldas et al. 2018, arXiv:1812.01097) read from the JSON files that LEAF's preprocessing
+scripts write.
 
 Each ``<leaf_dir>/train/*.json`` and ``<leaf_dir>/test/*.json`` holds ``{"users": [...], "num_samples": [...],
 "user_data": {user: {"x": [...], "y": [...]}}}``. Every LEAF user (a writer, a Twitter account) is one client.
@@ -123,7 +124,7 @@ class _LeafFederated(FederatedDataModule):
     def _client_test_split(
         self, partitions: RaggedIndex, labels: Tensor, train: Dataset, test: Dataset | None
     ) -> tuple[RaggedIndex, RaggedIndex, Dataset]:
-        if self._test_users is None or test is None:
+        if self._test_users is None or self._train_users is None or test is None:
             return super()._client_test_split(partitions, labels, train, test)
         # Map each user to the client holding its training data, then give that client the user's test data.
         client_of_user = torch.full((len(self._users),), -1, dtype=torch.int64)

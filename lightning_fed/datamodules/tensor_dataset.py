@@ -8,6 +8,7 @@ sampler yields a whole batch of indices and the dataset answers it with one gath
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -97,13 +98,13 @@ class BatchedTensorDataLoader(DataLoader):
     """
 
     @override
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:  # type: ignore[override]  # any iterator of batches will do
         if self.num_workers > 0 or self.pin_memory or self.batch_size is not None:
             return super().__iter__()
         return (self.dataset[indices] for indices in self.sampler)
 
 
-def _whole_batch(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+def _whole_batch(batch: Any) -> Any:
     # The dataset already returned a collated batch; a module-level function keeps worker processes picklable.
     return batch
 

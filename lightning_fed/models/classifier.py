@@ -120,7 +120,8 @@ class ClassifierModule(L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """Returns the optimizer named by ``optimizer`` over all parameters."""
         hp = self.hparams
-        if hp.optimizer == "sgd":
-            return torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
-        optimizer_cls = torch.optim.Adam if hp.optimizer == "adam" else torch.optim.AdamW
-        return optimizer_cls(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+        lr, weight_decay = hp["lr"], hp["weight_decay"]
+        if hp["optimizer"] == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=lr, momentum=hp["momentum"], weight_decay=weight_decay)
+        optimizer_cls = torch.optim.Adam if hp["optimizer"] == "adam" else torch.optim.AdamW
+        return optimizer_cls(self.parameters(), lr=lr, weight_decay=weight_decay)

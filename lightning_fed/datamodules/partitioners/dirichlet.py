@@ -13,9 +13,10 @@ from lightning_fed.checks import InvalidArgumentError, check_choice, check_int, 
 from lightning_fed.datamodules.partitioners._common import labels_to_numpy, to_index_tensors
 from lightning_fed.datamodules.partitioners.base import Partitioner
 
-_PROPORTIONS = ("per_class", "per_client")
+_Proportions = Literal["per_class", "per_client"]
+_PROPORTIONS: tuple[_Proportions, ...] = ("per_class", "per_client")
 # The deprecated `partition_by` spelling of each `proportions` value.
-_PARTITION_BY = {"class": "per_class", "client": "per_client"}
+_PARTITION_BY: dict[str, _Proportions] = {"class": "per_class", "client": "per_client"}
 _PARTITION_BY_OF = {new: old for old, new in _PARTITION_BY.items()}
 _DEPRECATED_PARTITION_BY = (
     "DirichletPartitioner's `partition_by` is deprecated and will be removed in the next release: use "
@@ -164,7 +165,7 @@ def _sample_without_replacement(
     return counts
 
 
-def _from_partition_by(partition_by: str, proportions: str) -> str:
+def _from_partition_by(partition_by: str, proportions: str) -> _Proportions:
     """The ``proportions`` value the deprecated ``partition_by`` stands for; warns that it is deprecated."""
     check_choice("partition_by", partition_by, tuple(_PARTITION_BY))
     warnings.warn(_DEPRECATED_PARTITION_BY, DeprecationWarning, stacklevel=3)
