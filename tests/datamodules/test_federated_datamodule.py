@@ -19,6 +19,7 @@ from lightning_fed.datamodules import (
     TensorClassificationDataset,
 )
 from lightning_fed.datamodules.partitioners.base import Partitioner
+from lightning_fed.datamodules.vision import _TorchvisionFederated
 
 NUM_CLASSES = 5
 
@@ -363,6 +364,12 @@ def test_incomplete_subclasses_cannot_be_instantiated():
         NoDatasets(IidPartitioner(2))
     with pytest.raises(TypeError, match="abstract.*partition"):
         NoPartition(2)
+
+    class NoReader(_TorchvisionFederated):
+        num_classes = NUM_CLASSES
+
+    with pytest.raises(TypeError, match="abstract.*_how_to_obtain.*_read_split"):
+        NoReader(IidPartitioner(2))
 
 
 def test_dataset_federated_is_still_importable_from_base():

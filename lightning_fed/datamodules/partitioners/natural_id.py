@@ -32,7 +32,7 @@ class NaturalIdPartitioner(Partitioner):
             raise ValueError("NaturalIdPartitioner needs `natural_ids` (one id per example); none were given.")
         ids = torch.as_tensor(natural_ids).detach().cpu().numpy()
         if ids.shape != (num_examples,):
-            raise ValueError(f"`natural_ids` must have shape ({num_examples},) like `labels`, got {ids.shape}.")
+            raise ValueError(f"`natural_ids` must have shape ({num_examples},) like `labels`; got {ids.shape}.")
         distinct, inverse = np.unique(ids, return_inverse=True)
         if distinct.size != self.num_partitions:
             raise ValueError(
