@@ -7,7 +7,10 @@ from typing import Any
 
 import torch
 
+from lightning_fed.checks import InvalidArgumentError, check_int, check_real
 from lightning_fed.seeding import derive_seed
+
+_CLIENTS_PER_ROUND = "an integer count >= 1 or a fraction in (0, 1] of the registered clients"
 
 
 class UniformClientSampler:
@@ -22,15 +25,10 @@ class UniformClientSampler:
         seed: Run seed.
     """
 
-    def __init__(self, clients_per_round: int | float, seed: int = 0) -> None:
-        if isinstance(clients_per_round, bool) or not isinstance(clients_per_round, (int, float)):
-            raise TypeError(f"`clients_per_round` must be an int or a float, got {clients_per_round!r}.")
-        if isinstance(clients_per_round, float) and not 0.0 < clients_per_round <= 1.0:
-            raise ValueError(f"`clients_per_round` as a fraction must be in (0, 1], got {clients_per_round}.")
-        if isinstance(clients_per_round, int) and clients_per_round < 1:
-            raise ValueError(f"`clients_per_round` must be >= 1, got {clients_per_round}.")
-        self.clients_per_round = clients_per_round
-        self.seed = seed
+    # `int | float`, not `float`: jsonargparse would read a count of 10 as the fraction 10.0.
+    def __init__(self, clients_per_round: int | float, seed: int = 0) -> None:  # noqa: PYI041
+        self.clients_per_round = _check_clients_per_round(clients_per_round)
+        self.seed = check_int("seed", seed)
 
     def num_sampled(self, num_clients: int) -> int:
         """How many clients train per round with ``num_clients`` registered.
@@ -56,7 +54,20 @@ class UniformClientSampler:
         return sorted(torch.randperm(num_clients, generator=generator)[:count].tolist())
 
     def state_dict(self) -> dict[str, Any]:
+        """The seed and ``clients_per_round``; only the seed is restored, the count is the current run's setting."""
         return {"seed": self.seed, "clients_per_round": self.clients_per_round}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores the seed, so that a resumed run samples the clients the interrupted one would have."""
         self.seed = int(state_dict["seed"])
+
+
+def _check_clients_per_round(value: Any) -> int | float:
+    """A float is a fraction of the clients and an integer a count, so the type decides which range applies."""
+    try:
+        if isinstance(value, float):
+            return check_real("clients_per_round", value, minimum=0.0, maximum=1.0, exclusive_minimum=True)
+        return check_int("clients_per_round", value, minimum=1)
+    except InvalidArgumentError:
+        # One message for both readings: a user who wrote 1.5 may have meant a count or a fraction.
+        raise InvalidArgumentError("clients_per_round", value, _CLIENTS_PER_ROUND) from None

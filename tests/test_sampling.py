@@ -39,3 +39,8 @@ def test_bad_clients_per_round_is_rejected(value):
 def test_more_clients_per_round_than_clients_names_the_argument():
     with pytest.raises(ValueError, match="clients_per_round=12.*10 registered"):
         UniformClientSampler(12).sample(0, 10)
+
+
+def test_bad_seed_is_rejected():
+    with pytest.raises(ValueError, match="seed"):
+        UniformClientSampler(3, seed=1.5)

@@ -5,7 +5,8 @@ and ``lightning_fed.datamodules.DirichletPartitioner``.
 """
 
 from lightning_fed.datamodules import partitioners as _partitioners
-from lightning_fed.datamodules.base import DatasetFederated, FederatedDataModule
+from lightning_fed.datamodules.base import FederatedDataModule
+from lightning_fed.datamodules.dataset_federated import DatasetFederated
 from lightning_fed.datamodules.generated import MNIST1DFederated, SyntheticFederated, synthetic_fedprox
 from lightning_fed.datamodules.leaf import FEMNISTFederated, Sent140Federated
 from lightning_fed.datamodules.partitioners import *  # noqa: F403

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 import torch
@@ -63,15 +62,6 @@ def _offsets(lengths: Tensor) -> Tensor:
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
     offsets[1:] = lengths.cumsum(0)
     return offsets
-
-
-def fingerprint(*tensors: Tensor) -> str:
-    """A hex digest of the tensors' values and shapes: equal for equal index sets, different otherwise."""
-    digest = hashlib.blake2b(digest_size=16)
-    for tensor in tensors:
-        digest.update(str(tuple(tensor.shape)).encode())
-        digest.update(tensor.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
-    return digest.hexdigest()
 
 
 def holdout_sizes(lengths: Tensor, fraction: float, size: int | None) -> Tensor:

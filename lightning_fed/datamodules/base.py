@@ -2,42 +2,34 @@
 
 from __future__ import annotations
 
-import math
-import warnings
-from abc import abstractmethod
-from dataclasses import dataclass
+from abc import ABC, abstractmethod
 
 import torch
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
+from typing_extensions import override
 
-from lightning_fed.datamodules._splits import RaggedIndex, fingerprint, holdout_sizes, stratified_holdout
+from lightning_fed.checks import InvalidArgumentError, check_instance, check_int, check_real
+from lightning_fed.datamodules._splits import RaggedIndex
+from lightning_fed.datamodules.fingerprint import check_fingerprint, layout_fingerprint
+from lightning_fed.datamodules.layout import (
+    Layout,
+    assign_partitions,
+    carve_validation,
+    check_label_range,
+    check_no_empty_client,
+    extract_labels,
+    hold_out_client_tests,
+)
+from lightning_fed.datamodules.loaders import index_loader
 from lightning_fed.datamodules.partitioners.base import Partitioner
-from lightning_fed.datamodules.sharing import DataSharing, draw_shares, hold_out_global_set, sharing_statistics
-from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset, tensor_dataloader
+from lightning_fed.datamodules.sharing import DataSharing, hold_out_shares, sharing_statistics, warn_without_warmup
 from lightning_fed.functional.partition_stats import earth_movers_distance, label_histogram
 from lightning_fed.seeding import derive_seed
 
 
-@dataclass
-class _Layout:
-    """Everything ``setup`` derives; built completely before it is attached, so a failed setup leaves no trace."""
-
-    train: Dataset
-    labels: Tensor
-    val: Tensor
-    clients: RaggedIndex
-    client_tests: RaggedIndex
-    client_test_source: Dataset
-    test: Dataset
-    test_indices: Tensor | None
-    fingerprint: str
-    shared: Tensor | None = None
-    shares: RaggedIndex | None = None
-
-
-class FederatedDataModule(LightningDataModule):
+class FederatedDataModule(LightningDataModule, ABC):
     """Splits a labelled map-style dataset among clients for federated training.
 
     ``setup`` carves a label-stratified global validation set out of the pooled training data, partitions the rest
@@ -46,7 +38,8 @@ class FederatedDataModule(LightningDataModule):
     tensors, so registering 10 000 clients costs little; loaders are built only for the client asked for.
 
     Subclasses set the class attribute (or instance attribute, before ``super().__init__``) ``num_classes`` and
-    implement :meth:`_load_datasets`; they may download in ``prepare_data``.
+    implement :meth:`_load_datasets` (an abstract method: a subclass without it cannot be instantiated); they may
+    download in ``prepare_data``. To federate datasets you already hold, use :class:`DatasetFederated`.
 
     Args:
         partitioner: Splits the training indices among clients; its ``num_partitions`` is ``num_clients``.
@@ -80,24 +73,23 @@ class FederatedDataModule(LightningDataModule):
         sharing: DataSharing | None = None,
     ) -> None:
         super().__init__()
-        if sharing is not None and not isinstance(sharing, DataSharing):
-            raise TypeError(f"`sharing` must be a DataSharing or None, got {type(sharing).__name__}.")
-        if not isinstance(partitioner, Partitioner):
-            raise TypeError(f"`partitioner` must be a Partitioner, got {type(partitioner).__name__}.")
-        _check_int("batch_size", batch_size, minimum=1)
-        _check_int("eval_batch_size", eval_batch_size, minimum=1)
-        _check_int("num_workers", num_workers, minimum=0)
-        _check_int("seed", seed)
-        _check_fraction("client_test_fraction", client_test_fraction)
-        _check_fraction("val_fraction", val_fraction)
-        if client_test_size is not None:
-            _check_int("client_test_size", client_test_size, minimum=1)
-            if client_test_fraction != 0:
-                raise ValueError(
-                    f"`client_test_size` ({client_test_size}) and `client_test_fraction` ({client_test_fraction}) "
-                    "are mutually exclusive: set client_test_fraction=0 to hold out a fixed number per client."
-                )
-        _check_int("num_classes", getattr(self, "num_classes", None), minimum=1)
+        check_instance("partitioner", partitioner, Partitioner, "a Partitioner, e.g. IidPartitioner(num_partitions=10)")
+        check_int("batch_size", batch_size, minimum=1)
+        check_int("eval_batch_size", eval_batch_size, minimum=1)
+        check_real("client_test_fraction", client_test_fraction, minimum=0.0, maximum=1.0, exclusive_maximum=True)
+        check_int("client_test_size", client_test_size, minimum=1, allow_none=True)
+        if client_test_size is not None and client_test_fraction != 0:
+            raise InvalidArgumentError(
+                "client_test_size",
+                client_test_size,
+                f"None while `client_test_fraction` is {client_test_fraction}: set client_test_fraction=0 to hold "
+                "out a fixed number per client",
+            )
+        check_real("val_fraction", val_fraction, minimum=0.0, maximum=1.0, exclusive_maximum=True)
+        check_int("num_workers", num_workers, minimum=0)
+        check_int("seed", seed)
+        check_instance("sharing", sharing, (DataSharing, type(None)), "a DataSharing or None")
+        check_int("num_classes", getattr(self, "num_classes", None), minimum=1)
         self.partitioner = partitioner
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
@@ -107,7 +99,7 @@ class FederatedDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.seed = seed
         self.sharing = sharing
-        self._layout: _Layout | None = None
+        self._layout: Layout | None = None
         self._expected_fingerprint: str | None = None
 
     @property
@@ -122,28 +114,28 @@ class FederatedDataModule(LightningDataModule):
         ``test`` may be ``None`` for data without a separate test set; the global test set is then the union of the
         clients' test splits.
         """
-        raise TypeError(
-            f"{type(self).__name__} must implement `_load_datasets()`, or wrap your datasets with DatasetFederated."
-        )
 
     def _natural_ids(self) -> Tensor | None:
         """Per-example natural client ids of the train dataset (e.g. LEAF users), for partitioners that use them."""
         return None
 
+    @override
     def setup(self, stage: str | None = None) -> None:
         """Loads the data and splits it; later calls do nothing."""
-        self._warn_without_warmup()
+        warn_without_warmup(self.sharing, getattr(self, "trainer", None))
         if self._layout is not None:
             return
         train, test = self._load_datasets()
         labels = extract_labels(train, "train")
-        self._check_labels(labels)
+        check_label_range(labels, self.num_classes)
         natural_ids = self._natural_ids()
-        val, pool = self._carve_validation(labels, natural_ids)
-        shared, pool = (None, pool) if self.sharing is None else self._hold_out_shared(labels, pool)
-        partitions = self._partition(labels, natural_ids, pool)
+        val, pool = carve_validation(labels, natural_ids, self.val_fraction, self.num_clients, self.seed)
+        shared, shares, pool = hold_out_shares(
+            labels, pool, self.sharing, self.num_classes, self.num_clients, self.seed
+        )
+        partitions = assign_partitions(self.partitioner, labels, natural_ids, pool)
         clients, tests, source = self._client_test_split(partitions, labels, train, test)
-        self._check_client_sizes(clients)
+        check_no_empty_client(clients, self.partitioner)
         test_indices = None
         if test is None:
             if tests.flat.numel() == 0:
@@ -152,75 +144,9 @@ class FederatedDataModule(LightningDataModule):
                     "client test splits, which are empty: set `client_test_fraction` > 0 or `client_test_size`."
                 )
             test, test_indices = source, tests.flat
-        # The labels join the indices so that the same split of a different dataset is told apart too.
-        shares = None if shared is None else draw_shares(shared, self.num_clients, self.sharing.alpha, self.seed)
-        sharing = () if shares is None else (self.sharing.encode(), shared, shares.flat, shares.offsets)
-        digest = fingerprint(labels, clients.flat, clients.offsets, tests.flat, tests.offsets, val, *sharing)
-        self._check_fingerprint(digest)
-        self._layout = _Layout(train, labels, val, clients, tests, source, test, test_indices, digest, shared, shares)
-
-    def _hold_out_shared(self, labels: Tensor, pool: Tensor) -> tuple[Tensor, Tensor]:
-        """(G, the pool without G); G is drawn before partitioning, so it is disjoint from every client's data."""
-        return hold_out_global_set(labels, pool, self.sharing.beta, self.num_classes, self.seed)
-
-    def _warn_without_warmup(self) -> None:
-        """Warns when sharing asks for a warm-up that no callback of the attached trainer will run."""
-        trainer = getattr(self, "trainer", None)
-        if self.sharing is None or self.sharing.warmup_epochs == 0 or trainer is None:
-            return
-        from lightning_fed.callbacks.warmup import SharedDataWarmup  # Deferred: callbacks import the trainer.
-
-        if not any(isinstance(callback, SharedDataWarmup) for callback in trainer.callbacks):
-            warnings.warn(
-                f"`sharing.warmup_epochs` is {self.sharing.warmup_epochs} but the trainer has no SharedDataWarmup "
-                "callback, so FL starts from the random initialisation: add "
-                "`lightning_fed.callbacks.warmup.SharedDataWarmup` to `trainer.callbacks`, or set warmup_epochs: 0.",
-                UserWarning,
-                stacklevel=2,
-            )
-
-    def _check_labels(self, labels: Tensor) -> None:
-        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
-            raise ValueError(
-                f"Training labels span [{int(labels.min())}, {int(labels.max())}] but `num_classes` is "
-                f"{self.num_classes}: labels must lie in [0, num_classes)."
-            )
-
-    def _carve_validation(self, labels: Tensor, natural_ids: Tensor | None) -> tuple[Tensor, Tensor]:
-        """Returns (validation indices, the remaining indices to partition).
-
-        With natural client ids the holdout is taken from every natural client (stratified by label within it,
-        leaving each at least one example), so that no natural client vanishes before partitioning.
-        """
-        total = labels.numel()
-        if natural_ids is None:
-            groups = torch.zeros_like(labels)
-            size = 0 if self.val_fraction == 0 else max(1, math.floor(total * self.val_fraction + 0.5))
-            sizes = torch.tensor([size])
-        else:
-            groups = torch.unique(natural_ids, return_inverse=True)[1]
-            sizes = holdout_sizes(torch.bincount(groups), self.val_fraction, None)
-        remaining = total - int(sizes.sum())
-        if remaining < self.num_clients:
-            raise ValueError(
-                f"{self.num_clients} clients need at least one training example each, but only {remaining} of "
-                f"{total} remain after the validation holdout: lower the partitioner's `num_partitions` or "
-                f"`val_fraction` ({self.val_fraction})."
-            )
-        if self.val_fraction == 0:
-            return torch.zeros(0, dtype=torch.int64), torch.arange(total)
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, "val"))
-        mask = stratified_holdout(labels, groups, sizes, generator)
-        return mask.nonzero().squeeze(1), (~mask).nonzero().squeeze(1)
-
-    def _partition(self, labels: Tensor, natural_ids: Tensor | None, pool: Tensor) -> RaggedIndex:
-        parts = self.partitioner.partition(labels[pool], None if natural_ids is None else natural_ids[pool])
-        if len(parts) != self.num_clients:
-            raise ValueError(f"{self.partitioner!r} returned {len(parts)} partitions instead of {self.num_clients}.")
-        clients = RaggedIndex.from_parts([pool[torch.as_tensor(part, dtype=torch.int64)] for part in parts])
-        if clients.flat.numel() and torch.bincount(clients.flat).max() > 1:
-            raise ValueError(f"{self.partitioner!r} assigned an example to more than one client.")
-        return clients
+        digest = layout_fingerprint(labels, clients, tests, val, self.sharing, shared, shares)
+        check_fingerprint(digest, self._expected_fingerprint, self.partitioner, self.sharing)
+        self._layout = Layout(train, labels, val, clients, tests, source, test, test_indices, digest, shared, shares)
 
     def _client_test_split(
         self, partitions: RaggedIndex, labels: Tensor, train: Dataset, test: Dataset | None
@@ -230,24 +156,11 @@ class FederatedDataModule(LightningDataModule):
         The default holds out a label-stratified part of every partition of ``train``; subclasses with natural
         per-client test data (LEAF) override it.
         """
-        sizes = holdout_sizes(partitions.lengths(), self.client_test_fraction, self.client_test_size)
-        groups = partitions.group_ids()
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, "client_test"))
-        held = stratified_holdout(labels[partitions.flat], groups, sizes, generator)
-        clients = RaggedIndex.from_groups(partitions.flat[~held], groups[~held], len(partitions))
-        return clients, RaggedIndex.from_groups(partitions.flat[held], groups[held], len(partitions)), train
-
-    def _check_client_sizes(self, clients: RaggedIndex) -> None:
-        empty = (clients.lengths() == 0).nonzero().squeeze(1)
-        if empty.numel():
-            raise ValueError(
-                f"{empty.numel()} of {self.num_clients} clients (e.g. client {int(empty[0])}) have no training "
-                f"examples with {self.partitioner!r}: lower `num_partitions`, or change the partitioner's settings "
-                "that skew sizes (e.g. raise Dirichlet `alpha` or `min_partition_size`)."
-            )
+        fraction, size = self.client_test_fraction, self.client_test_size
+        return (*hold_out_client_tests(partitions, labels, fraction, size, self.seed), train)
 
     @property
-    def _split(self) -> _Layout:
+    def _split(self) -> Layout:
         if self._layout is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not run yet: call `setup()` first.")
         return self._layout
@@ -263,7 +176,8 @@ class FederatedDataModule(LightningDataModule):
     def client_dataloader(self, client_id: int, seed: int) -> DataLoader:
         """The client's training split (and share of G), reshuffled by a generator seeded with ``seed``."""
         generator = torch.Generator().manual_seed(seed)
-        return self._loader(self._split.train, self._client_train_indices(client_id), self.batch_size, generator, federated=True)
+        indices = self._client_train_indices(client_id)
+        return self._loader(self._split.train, indices, self.batch_size, generator, federated=True)
 
     def _client_train_indices(self, client_id: int) -> Tensor:
         self._check_client(client_id)
@@ -303,17 +217,20 @@ class FederatedDataModule(LightningDataModule):
             return None
         return self._loader(self._split.client_test_source, indices, self.eval_batch_size, None, federated=True)
 
+    @override
     def train_dataloader(self) -> DataLoader:
         """All clients' training splits pooled (a centralised baseline), shuffled by a generator seeded by ``seed``."""
         generator = torch.Generator().manual_seed(self.seed)
         return self._loader(self._split.train, self._split.clients.flat, self.batch_size, generator)
 
+    @override
     def val_dataloader(self) -> DataLoader | list:
         """The global validation set, or ``[]`` (Lightning then skips validation) when ``val_fraction`` is 0."""
         if self._split.val.numel() == 0:
             return []
         return self._loader(self._split.train, self._split.val, self.eval_batch_size, None)
 
+    @override
     def test_dataloader(self) -> DataLoader:
         """The global test set."""
         return self._loader(self._split.test, self._split.test_indices, self.eval_batch_size, None)
@@ -326,10 +243,12 @@ class FederatedDataModule(LightningDataModule):
         """Per-client earth mover's distance between the client's and the population's label distributions."""
         return earth_movers_distance(self.label_histogram())
 
+    @override
     def state_dict(self) -> dict[str, str]:
         """``{"partition_fingerprint": ...}``, a hash of the labels and every split, checked on resume."""
         return {} if self._layout is None else {"partition_fingerprint": self._layout.fingerprint}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, str]) -> None:
         """Checks that the checkpoint's splits match these (now, or at ``setup`` if it has not run)."""
         expected = state_dict.get("partition_fingerprint")
@@ -338,111 +257,35 @@ class FederatedDataModule(LightningDataModule):
         if self._layout is None:
             self._expected_fingerprint = expected
         else:
-            self._check_fingerprint(self._layout.fingerprint, expected)
-
-    def _check_fingerprint(self, current: str, expected: str | None = None) -> None:
-        expected = expected if expected is not None else self._expected_fingerprint
-        if expected is not None and expected != current:
-            raise ValueError(
-                f"The checkpoint was saved with a different data split (fingerprint {expected}, now {current}): "
-                f"resume with the same dataset, partitioner ({self.partitioner!r}), `seed`, `val_fraction`, "
-                f"client test settings and `sharing` ({self.sharing!r}), or start a new run."
-            )
+            check_fingerprint(self._layout.fingerprint, expected, self.partitioner, self.sharing)
 
     def _check_client(self, client_id: int) -> None:
         if not 0 <= client_id < self.num_clients:
-            raise IndexError(f"`client_id` must lie in [0, {self.num_clients}), got {client_id}.")
-
-    def _distributed(self) -> bool:
-        trainer = self.trainer
-        return trainer is not None and trainer.world_size > 1
+            raise IndexError(f"`client_id` must lie in [0, {self.num_clients}); got {client_id}.")
 
     def _loader(
-        self, dataset: Dataset, indices: Tensor | None, batch_size: int, generator: torch.Generator | None,
+        self,
+        dataset: Dataset,
+        indices: Tensor | None,
+        batch_size: int,
+        generator: torch.Generator | None,
         federated: bool = False,
     ) -> DataLoader:
-        # Lightning swaps a loader's sampler for a DistributedSampler under multi-process training, which only works
-        # with per-example sampling, so the batched fast path is kept to single-process runs. The federated loop's
-        # own loaders (`federated=True`) never reach Lightning: they keep the fast path, so a client's data order is
-        # the same whatever the number of processes.
-        if isinstance(dataset, TensorClassificationDataset) and (federated or not self._distributed()):
-            return tensor_dataloader(dataset, indices, batch_size, generator, self.num_workers)
-        subset = dataset if indices is None else Subset(dataset, indices.tolist())
-        return DataLoader(
-            subset,
-            batch_size=batch_size,
-            shuffle=generator is not None,
-            generator=generator,
-            num_workers=self.num_workers,
-        )
+        # The federated loop's own loaders (`federated=True`) never reach Lightning's DistributedSampler: they keep
+        # the batched fast path, so a client's data order is the same whatever the number of processes.
+        trainer = self.trainer
+        batched = federated or trainer is None or trainer.world_size == 1
+        return index_loader(dataset, indices, batch_size, generator, self.num_workers, batched)
 
 
-class DatasetFederated(FederatedDataModule):
-    """Federates user-supplied datasets, e.g. torchvision datasets with their own transforms.
+def __getattr__(name: str) -> object:
+    # `DatasetFederated` lives in its own module, which imports this one; it is looked up lazily so that
+    # `from lightning_fed.datamodules.base import DatasetFederated` keeps working without an import cycle.
+    if name == "DatasetFederated":
+        from lightning_fed.datamodules.dataset_federated import DatasetFederated
 
-    Args:
-        train_dataset: Labelled map-style dataset yielding ``(input, label)``; labels are read from its ``targets``
-            or ``labels`` attribute when it has one, else by iterating over it once.
-        test_dataset: Global test set; ``None`` uses the union of the client test splits.
-        num_classes: Number of classes.
-        partitioner, batch_size, eval_batch_size, client_test_fraction, client_test_size, val_fraction,
-        num_workers, seed, sharing: As in :class:`FederatedDataModule`.
-    """
-
-    def __init__(
-        self,
-        train_dataset: Dataset,
-        test_dataset: Dataset | None,
-        num_classes: int,
-        partitioner: Partitioner,
-        batch_size: int = 32,
-        eval_batch_size: int = 256,
-        client_test_fraction: float = 0.2,
-        client_test_size: int | None = None,
-        val_fraction: float = 0.0,
-        num_workers: int = 0,
-        seed: int = 0,
-        sharing: DataSharing | None = None,
-    ) -> None:
-        self.num_classes = num_classes
-        super().__init__(
-            partitioner,
-            batch_size,
-            eval_batch_size,
-            client_test_fraction,
-            client_test_size,
-            val_fraction,
-            num_workers,
-            seed,
-            sharing,
-        )
-        self.train_dataset = train_dataset
-        self.test_dataset = test_dataset
-
-    def _load_datasets(self) -> tuple[Dataset, Dataset | None]:
-        return self.train_dataset, self.test_dataset
+        return DatasetFederated
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def extract_labels(dataset: Dataset, name: str) -> Tensor:
-    """The dataset's labels as an int64 tensor, from ``targets``/``labels`` when present, else by iterating once."""
-    if isinstance(dataset, Subset):
-        return extract_labels(dataset.dataset, name)[torch.as_tensor(dataset.indices, dtype=torch.int64)]
-    size = len(dataset)
-    if size == 0:
-        raise ValueError(f"The {name} dataset is empty.")
-    for attribute in ("targets", "labels"):
-        values = getattr(dataset, attribute, None)
-        if values is not None and len(values) == size:
-            return torch.as_tensor(values).to(torch.int64).reshape(-1)
-    return torch.tensor([int(dataset[index][1]) for index in range(size)], dtype=torch.int64)
-
-
-def _check_int(name: str, value: object, minimum: int | None = None) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or (minimum is not None and value < minimum):
-        bound = "an integer" if minimum is None else f"an integer >= {minimum}"
-        raise ValueError(f"`{name}` must be {bound}, got {value!r}.")
-
-
-def _check_fraction(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError(f"`{name}` must be a number in [0, 1), got {value!r}.")
+__all__ = ["FederatedDataModule", "extract_labels"]

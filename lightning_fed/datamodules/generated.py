@@ -9,8 +9,10 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 from torch import Tensor
+from typing_extensions import override
 
-from lightning_fed.datamodules.base import FederatedDataModule, _check_int
+from lightning_fed.checks import check_bool, check_int, check_real
+from lightning_fed.datamodules.base import FederatedDataModule
 from lightning_fed.datamodules.partitioners import NaturalIdPartitioner
 from lightning_fed.datamodules.partitioners.base import Partitioner
 from lightning_fed.datamodules.sharing import DataSharing
@@ -58,7 +60,7 @@ class MNIST1DFederated(FederatedDataModule):
         sharing: DataSharing | None = None,
     ) -> None:
         # mnist1d draws num_samples // 10 examples per class and keeps 80 % for training.
-        _check_int("num_samples", num_samples, minimum=20)
+        check_int("num_samples", num_samples, minimum=20)
         super().__init__(
             partitioner,
             batch_size,
@@ -72,6 +74,7 @@ class MNIST1DFederated(FederatedDataModule):
         )
         self.num_samples = num_samples
 
+    @override
     def _load_datasets(self) -> tuple[TensorClassificationDataset, TensorClassificationDataset]:
         from mnist1d.data import get_dataset_args, make_dataset
 
@@ -80,18 +83,19 @@ class MNIST1DFederated(FederatedDataModule):
         args.seed = self.seed
         with _restored_global_rngs():
             data = make_dataset(args)
-        return tuple(
+        train, test = (
             TensorClassificationDataset(
                 torch.as_tensor(data[x], dtype=torch.float32).unsqueeze(1), torch.as_tensor(data[y], dtype=torch.int64)
             )
             for x, y in (("x", "y"), ("x_test", "y_test"))
         )
+        return train, test
 
 
 def synthetic_fedprox(
     alpha: float, beta: float, num_clients: int, dimension: int, num_classes: int, iid: bool, seed: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Draws the Synthetic(alpha, beta) data of FedProx (Li et al., MLSys 2020, §5.1).
+    """Draws the Synthetic(alpha, beta) data of FedProx (Li et al., MLSys 2020, arXiv:1812.06127, §5.1).
 
     Client ``k`` has ``floor(LogNormal(4, 2)) + 50`` examples (LEAF's power-law sizes). Its model is
     ``W_k ~ N(u_k, 1)``, ``b_k ~ N(u_k, 1)`` with ``u_k ~ N(0, alpha)``; its inputs are ``x ~ N(v_k, Sigma)`` with
@@ -128,8 +132,8 @@ def synthetic_fedprox(
 
 
 class SyntheticFederated(FederatedDataModule):
-    """Synthetic(alpha, beta) of FedProx (Li et al., MLSys 2020): naturally non-IID clients of a multinomial logistic
-    regression task; inputs ``[dimension]`` (60), ``num_classes`` (10) classes. See :func:`synthetic_fedprox`.
+    """Synthetic(alpha, beta) of FedProx (Li et al., MLSys 2020, arXiv:1812.06127): naturally non-IID clients of a
+    multinomial logistic regression task; inputs ``[dimension]`` (60), ``num_classes`` (10) classes. See :func:`synthetic_fedprox`.
 
     Each generated device is one client (a :class:`NaturalIdPartitioner` is used, no partitioner argument). A
     client's test split is held out from its own data (``client_test_fraction``, default 20 %); there is no other
@@ -166,16 +170,16 @@ class SyntheticFederated(FederatedDataModule):
         num_workers: int = 0,
         sharing: DataSharing | None = None,
     ) -> None:
-        for name, value in (("alpha", alpha), ("beta", beta)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"`{name}` must be a number >= 0, got {value!r}.")
-        _check_int("num_clients", num_clients, minimum=1)
-        _check_int("dimension", dimension, minimum=1)
-        _check_int("num_classes", num_classes, minimum=2)
+        check_real("alpha", alpha, minimum=0.0)
+        check_real("beta", beta, minimum=0.0)
+        check_int("num_clients", num_clients, minimum=1)
+        check_int("dimension", dimension, minimum=1)
+        check_int("num_classes", num_classes, minimum=2)
+        check_bool("iid", iid)
         if client_test_fraction == 0 and client_test_size is None:
             raise ValueError(
-                "SyntheticFederated's global test set is the union of the client test splits: set "
-                "`client_test_fraction` > 0 or `client_test_size`."
+                "`client_test_fraction` must be > 0 (or `client_test_size` set); got 0: SyntheticFederated's global "
+                "test set is the union of the client test splits."
             )
         self.num_classes = num_classes
         super().__init__(
@@ -189,9 +193,10 @@ class SyntheticFederated(FederatedDataModule):
             seed,
             sharing,
         )
-        self.alpha, self.beta, self.dimension, self.iid = float(alpha), float(beta), dimension, bool(iid)
+        self.alpha, self.beta, self.dimension, self.iid = float(alpha), float(beta), dimension, iid
         self._client_of_example: Tensor | None = None
 
+    @override
     def _load_datasets(self) -> tuple[TensorClassificationDataset, None]:
         inputs, labels, clients = synthetic_fedprox(
             self.alpha, self.beta, self.num_clients, self.dimension, self.num_classes, self.iid, self.seed
@@ -199,5 +204,6 @@ class SyntheticFederated(FederatedDataModule):
         self._client_of_example = clients
         return TensorClassificationDataset(inputs, labels), None
 
+    @override
     def _natural_ids(self) -> Tensor | None:
         return self._client_of_example

@@ -1,4 +1,5 @@
-"""LEAF benchmark datasets (Caldas et al., 2018) read from the JSON files LEAF's preprocessing scripts write.
+"""LEAF benchmark datasets (Caldas et al. 2018, arXiv:1812.01097) read from the JSON files that LEAF's preprocessing
+scripts write.
 
 Each ``<leaf_dir>/train/*.json`` and ``<leaf_dir>/test/*.json`` holds ``{"users": [...], "num_samples": [...],
 "user_data": {user: {"x": [...], "y": [...]}}}``. Every LEAF user (a writer, a Twitter account) is one client.
@@ -18,9 +19,11 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
+from typing_extensions import override
 
+from lightning_fed.checks import InvalidArgumentError, check_instance, check_int
 from lightning_fed.datamodules._splits import RaggedIndex
-from lightning_fed.datamodules.base import FederatedDataModule, _check_int
+from lightning_fed.datamodules.base import FederatedDataModule
 from lightning_fed.datamodules.partitioners import NaturalIdPartitioner
 from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset
 
@@ -61,7 +64,9 @@ class _LeafFederated(FederatedDataModule):
 
     _leaf_name: str
 
-    def __init__(self, leaf_dir: str, num_clients: int | None = None, **kwargs) -> None:
+    def __init__(self, leaf_dir: str, num_clients: int | None = None, **kwargs: Any) -> None:
+        check_instance("leaf_dir", leaf_dir, (str, Path), "a directory path")
+        check_int("num_clients", num_clients, minimum=1, allow_none=True)
         self.leaf_dir = str(leaf_dir)
         train_dir = Path(leaf_dir) / "train"
         if not any(train_dir.glob("*.json")):
@@ -74,11 +79,13 @@ class _LeafFederated(FederatedDataModule):
         train = read_leaf_split(train_dir, self._convert_x)
         users = sorted(train)
         if num_clients is not None:
-            _check_int("num_clients", num_clients, minimum=1)
             if num_clients > len(users):
-                raise ValueError(f"`num_clients` ({num_clients}) exceeds the {len(users)} users in {train_dir}.")
+                raise InvalidArgumentError(
+                    "num_clients", num_clients, f"at most the {len(users)} users in {train_dir}, or None for all"
+                )
             # A seeded draw of users, kept in name order so that client k is the k-th selected user by name.
-            chosen = torch.randperm(len(users), generator=torch.Generator().manual_seed(kwargs.get("seed", 0)))
+            seed = check_int("seed", kwargs.get("seed", 0))  # used here, before FederatedDataModule checks it
+            chosen = torch.randperm(len(users), generator=torch.Generator().manual_seed(seed))
             users = sorted(users[i] for i in chosen[:num_clients].tolist())
         self._users = users
         self._train_json: _UserData | None = {user: train[user] for user in users}
@@ -94,6 +101,7 @@ class _LeafFederated(FederatedDataModule):
     def _encode(self, train: np.ndarray, test: np.ndarray) -> tuple[Tensor, Tensor]:
         """Turns the converted inputs of both splits into input tensors."""
 
+    @override
     def _load_datasets(self) -> tuple[Dataset, Dataset | None]:
         train_json = self._train_json or read_leaf_split(Path(self.leaf_dir) / "train", self._convert_x)
         test_json = read_leaf_split(Path(self.leaf_dir) / "test", self._convert_x)
@@ -108,13 +116,15 @@ class _LeafFederated(FederatedDataModule):
         test = TensorClassificationDataset(test_inputs, test_y) if test_y.numel() else None
         return TensorClassificationDataset(inputs, train_y), test
 
+    @override
     def _natural_ids(self) -> Tensor | None:
         return self._train_users
 
+    @override
     def _client_test_split(
         self, partitions: RaggedIndex, labels: Tensor, train: Dataset, test: Dataset | None
     ) -> tuple[RaggedIndex, RaggedIndex, Dataset]:
-        if self._test_users is None or test is None:
+        if self._test_users is None or self._train_users is None or test is None:
             return super()._client_test_split(partitions, labels, train, test)
         # Map each user to the client holding its training data, then give that client the user's test data.
         client_of_user = torch.full((len(self._users),), -1, dtype=torch.int64)
@@ -152,12 +162,14 @@ class FEMNISTFederated(_LeafFederated):
     num_classes = 62
     _leaf_name = "femnist"
 
+    @override
     def _convert_x(self, xs: list[Any]) -> np.ndarray:
         pixels = np.asarray(xs, dtype=np.float32)
         if pixels.size != len(xs) * 784:
             raise ValueError(f"FEMNIST inputs must be flattened 28x28 images (784 values), got shape {pixels.shape}.")
         return pixels.reshape(-1, 1, 28, 28)
 
+    @override
     def _encode(self, train: np.ndarray, test: np.ndarray) -> tuple[Tensor, Tensor]:
         return torch.from_numpy(train.reshape(-1, 1, 28, 28)), torch.from_numpy(test.reshape(-1, 1, 28, 28))
 
@@ -202,18 +214,26 @@ class Sent140Federated(_LeafFederated):
     _leaf_name = "sent140"
 
     def __init__(
-        self, leaf_dir: str, max_length: int = 25, vocab_size: int = 10000, num_clients: int | None = None, **kwargs
+        self,
+        leaf_dir: str,
+        max_length: int = 25,
+        vocab_size: int = 10000,
+        num_clients: int | None = None,
+        **kwargs: Any,
     ) -> None:
-        _check_int("max_length", max_length, minimum=1)
-        _check_int("vocab_size", vocab_size, minimum=3)
+        check_int("max_length", max_length, minimum=1)
+        # Ids 0 and 1 are padding and unknown, so a vocabulary needs a third id to hold any word.
+        check_int("vocab_size", vocab_size, minimum=3)
         self.max_length = max_length
         self.vocab_size = vocab_size
         self.vocabulary: dict[str, int] = {}
         super().__init__(leaf_dir, num_clients, **kwargs)
 
+    @override
     def _convert_x(self, xs: list[Any]) -> np.ndarray:
         return np.array([_tweet_text(sample) for sample in xs], dtype=object)
 
+    @override
     def _encode(self, train: np.ndarray, test: np.ndarray) -> tuple[Tensor, Tensor]:
         self.vocabulary = build_vocabulary(train.tolist(), self.vocab_size)
         return (

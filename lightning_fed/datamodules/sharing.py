@@ -9,11 +9,14 @@ client", with β = ‖G‖/‖D‖ × 100 %, D the total data of the clients.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from lightning_fed.checks import check_int, check_real
 from lightning_fed.datamodules._splits import RaggedIndex
 from lightning_fed.functional.partition_stats import earth_movers_distance, label_histogram
 from lightning_fed.seeding import derive_seed
@@ -42,16 +45,11 @@ class DataSharing:
     warmup_lr: float | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not 0 <= self.beta < 1:
-            raise ValueError(f"`sharing.beta` must be a number in [0, 1) (|G|/|D|), got {self.beta!r}.")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 <= self.alpha <= 1:
-            raise ValueError(f"`sharing.alpha` must be a number in [0, 1], got {self.alpha!r}.")
-        epochs = self.warmup_epochs
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
-            raise ValueError(f"`sharing.warmup_epochs` must be an integer >= 0, got {epochs!r}.")
-        lr = self.warmup_lr
-        if lr is not None and not is_positive_number(lr):
-            raise ValueError(f"`sharing.warmup_lr` must be a finite positive number or null, got {lr!r}.")
+        # Named as the YAML spells them, since the settings are nested under the datamodule's `sharing`.
+        check_real("sharing.beta", self.beta, minimum=0.0, maximum=1.0, exclusive_maximum=True)
+        check_real("sharing.alpha", self.alpha, minimum=0.0, maximum=1.0)
+        check_int("sharing.warmup_epochs", self.warmup_epochs, minimum=0)
+        check_real("sharing.warmup_lr", self.warmup_lr, minimum=0.0, exclusive_minimum=True, allow_none=True)
 
     def encode(self) -> Tensor:
         """The settings as a tensor, for the datamodule's fingerprint."""
@@ -96,6 +94,20 @@ def hold_out_global_set(
     return shared, pool[keep[pool]]
 
 
+def hold_out_shares(
+    labels: Tensor, pool: Tensor, sharing: DataSharing | None, num_classes: int, num_clients: int, seed: int
+) -> tuple[Tensor | None, RaggedIndex | None, Tensor]:
+    """(G, every client's share of G, the pool without G), G drawn from ``pool`` before it is partitioned.
+
+    Drawing G first keeps it disjoint from every client's own data; see :func:`hold_out_global_set` and
+    :func:`draw_shares`. Without ``sharing`` it is ``(None, None, pool)``.
+    """
+    if sharing is None:
+        return None, None, pool
+    shared, rest = hold_out_global_set(labels, pool, sharing.beta, num_classes, seed)
+    return shared, draw_shares(shared, num_clients, sharing.alpha, seed), rest
+
+
 def draw_shares(shared: Tensor, num_clients: int, alpha: float, seed: int) -> RaggedIndex:
     """Client k's share: ``round(α · |G|)`` examples of G drawn without replacement, seeded by (seed, k)."""
     size = math.floor(alpha * shared.numel() + 0.5)
@@ -125,8 +137,27 @@ def sharing_statistics(
     }
 
 
+def warn_without_warmup(sharing: DataSharing | None, trainer: Any) -> None:
+    """Warns when ``sharing`` asks for a warm-up that no callback of ``trainer`` (``None``: not attached) will run."""
+    if sharing is None or sharing.warmup_epochs == 0 or trainer is None:
+        return
+    from lightning_fed.callbacks.warmup import SharedDataWarmup  # Deferred: callbacks import the trainer.
+
+    if not any(isinstance(callback, SharedDataWarmup) for callback in trainer.callbacks):
+        warnings.warn(
+            f"`sharing.warmup_epochs` is {sharing.warmup_epochs} but the trainer has no SharedDataWarmup "
+            "callback, so FL starts from the random initialisation: add "
+            "`lightning_fed.callbacks.warmup.SharedDataWarmup` to `trainer.callbacks`, or set warmup_epochs: 0.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+
 def is_positive_number(value: object) -> bool:
-    """Whether ``value`` is a finite positive real number (bool excluded: ``lr: true`` is a config mistake)."""
+    """Whether ``value`` is a finite positive real number (bool excluded: ``lr: true`` is a config mistake).
+
+    Kept for :mod:`lightning_fed.callbacks.warmup`; argument checks use :func:`lightning_fed.checks.check_real`.
+    """
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 

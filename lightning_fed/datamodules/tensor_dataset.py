@@ -8,10 +8,14 @@ sampler yields a whole batch of indices and the dataset answers it with one gath
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
+from typing_extensions import override
+
+from lightning_fed.checks import check_instance, check_int
 
 
 class TensorClassificationDataset(Dataset[tuple[Tensor, Tensor]]):
@@ -31,13 +35,13 @@ class TensorClassificationDataset(Dataset[tuple[Tensor, Tensor]]):
     """
 
     def __init__(self, inputs: Tensor, targets: Tensor) -> None:
-        if not isinstance(inputs, Tensor) or not isinstance(targets, Tensor):
-            raise TypeError("`inputs` and `targets` must be tensors.")
+        check_instance("inputs", inputs, Tensor, "a tensor")
+        check_instance("targets", targets, Tensor, "a tensor")
         if targets.ndim != 1 or targets.is_floating_point() or targets.is_complex():
-            raise ValueError(f"`targets` must be a 1-D integer tensor, got {targets.dtype} {tuple(targets.shape)}.")
+            raise ValueError(f"`targets` must be a 1-D integer tensor; got {targets.dtype} {list(targets.shape)}.")
         if inputs.ndim == 0 or inputs.shape[0] != targets.shape[0]:
             raise ValueError(
-                f"`inputs` must have one row per target: {tuple(inputs.shape)} vs {targets.shape[0]} targets."
+                f"`inputs` must have one row per target ({targets.shape[0]}); got shape {list(inputs.shape)}."
             )
         self.inputs = inputs
         self.targets = targets.to(torch.int64)
@@ -45,6 +49,7 @@ class TensorClassificationDataset(Dataset[tuple[Tensor, Tensor]]):
     def __len__(self) -> int:
         return self.targets.shape[0]
 
+    @override
     def __getitem__(self, index: int | Tensor) -> tuple[Tensor, Tensor]:
         if isinstance(index, Tensor) and index.ndim == 1:
             # index_select skips advanced indexing's generic path: about half the time for a small batch.
@@ -68,12 +73,12 @@ class IndexBatchSampler(Sampler[Tensor]):
     """
 
     def __init__(self, indices: Tensor, batch_size: int, generator: torch.Generator | None = None) -> None:
-        if batch_size < 1:
-            raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
+        check_instance("indices", indices, Tensor, "a tensor of dataset indices")
         self.indices = indices.to(torch.int64)
-        self.batch_size = batch_size
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.generator = generator
 
+    @override
     def __iter__(self) -> Iterator[Tensor]:
         indices = self.indices
         if self.generator is not None:
@@ -92,13 +97,14 @@ class BatchedTensorDataLoader(DataLoader):
     or pinned memory it is an ordinary DataLoader.
     """
 
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+    @override
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:  # type: ignore[override]  # any iterator of batches will do
         if self.num_workers > 0 or self.pin_memory or self.batch_size is not None:
             return super().__iter__()
         return (self.dataset[indices] for indices in self.sampler)
 
 
-def _whole_batch(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+def _whole_batch(batch: Any) -> Any:
     # The dataset already returned a collated batch; a module-level function keeps worker processes picklable.
     return batch
 

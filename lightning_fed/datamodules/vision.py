@@ -11,12 +11,15 @@ import os
 import shutil
 from abc import abstractmethod
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torchvision
 from torch import Tensor
+from typing_extensions import override
 
+from lightning_fed.checks import check_bool, check_choice, check_instance
 from lightning_fed.datamodules.base import FederatedDataModule
 from lightning_fed.datamodules.partitioners.base import Partitioner
 from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset
@@ -42,18 +45,23 @@ class _TorchvisionFederated(FederatedDataModule):
     mean: tuple[float, ...]
     std: tuple[float, ...]
 
-    def __init__(self, partitioner: Partitioner, data_dir: str = "data", download: bool = True, **kwargs) -> None:
+    def __init__(
+        self, partitioner: Partitioner, data_dir: str = "data", download: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(partitioner, **kwargs)
+        check_instance("data_dir", data_dir, (str, os.PathLike), "a directory path")
         self.data_dir = str(data_dir)
-        self.download = bool(download)
+        self.download = check_bool("download", download)
         self._raw: list[_RawSplit] | None = None
 
+    @override
     def prepare_data(self) -> None:
         """Downloads the files if missing; the splits read here are kept for ``setup`` in this process."""
         if self._layout is not None:
             return  # already set up: reading again would only hold a second raw copy that setup never takes
         self._raw = self._read(self.download)
 
+    @override
     def _load_datasets(self) -> tuple[TensorClassificationDataset, TensorClassificationDataset]:
         raw, self._raw = self._raw or self._read(self.download), None
         mean = torch.tensor(self.mean).view(1, -1, 1, 1)
@@ -102,10 +110,12 @@ class MNISTFederated(_TorchvisionFederated):
     mean = (0.1307,)
     std = (0.3081,)
 
+    @override
     def _read_split(self, train: bool, download: bool) -> _RawSplit:
         data = torchvision.datasets.MNIST(self.data_dir, train=train, download=download)
         return data.data.unsqueeze(1), data.targets
 
+    @override
     def _how_to_obtain(self) -> str:
         return (
             "Run once with network access and download=True, or put the four un-gzipped IDX files "
@@ -131,11 +141,13 @@ class FashionMNISTFederated(_TorchvisionFederated):
     mean = (0.2860,)
     std = (0.3530,)
 
+    @override
     def _read_split(self, train: bool, download: bool) -> _RawSplit:
         stage_fashion_mnist(self._raw_dir("FashionMNIST"))
         data = torchvision.datasets.FashionMNIST(self.data_dir, train=train, download=download)
         return data.data.unsqueeze(1), data.targets
 
+    @override
     def _how_to_obtain(self) -> str:
         return (
             f"Install it offline with `apt-get install dataset-fashion-mnist` (read from {_system_fashion_dir()}; "
@@ -202,19 +214,25 @@ class EMNISTFederated(_TorchvisionFederated):
     std = (0.3332,)
 
     def __init__(
-        self, partitioner: Partitioner, split: str = "balanced", data_dir: str = "data", download: bool = True, **kwargs
+        self,
+        partitioner: Partitioner,
+        split: str = "balanced",
+        data_dir: str = "data",
+        download: bool = True,
+        **kwargs: Any,
     ) -> None:
-        if split not in _EMNIST_CLASSES:
-            raise ValueError(f"`split` must be one of {sorted(_EMNIST_CLASSES)}, got {split!r}.")
+        check_choice("split", split, _EMNIST_CLASSES)
         self.split = split
         self.num_classes = _EMNIST_CLASSES[split]
         super().__init__(partitioner, data_dir, download, **kwargs)
 
+    @override
     def _read_split(self, train: bool, download: bool) -> _RawSplit:
         data = torchvision.datasets.EMNIST(self.data_dir, split=self.split, train=train, download=download)
         labels = data.targets - 1 if self.split == "letters" else data.targets
         return data.data.transpose(1, 2).unsqueeze(1).contiguous(), labels
 
+    @override
     def _how_to_obtain(self) -> str:
         return (
             "Run once with network access and download=True, or unpack EMNIST's gzip.zip archive and put the "
@@ -238,10 +256,12 @@ class CIFAR10Federated(_TorchvisionFederated):
     std = (0.2470, 0.2435, 0.2616)
     _torchvision_class = torchvision.datasets.CIFAR10
 
+    @override
     def _read_split(self, train: bool, download: bool) -> _RawSplit:
         data = self._torchvision_class(self.data_dir, train=train, download=download)
         return _as_raw(data.data.transpose(0, 3, 1, 2), data.targets)
 
+    @override
     def _how_to_obtain(self) -> str:
         folder, archive = self._torchvision_class.base_folder, self._torchvision_class.filename
         return (
@@ -282,11 +302,13 @@ class SVHNFederated(_TorchvisionFederated):
     mean = (0.4377, 0.4438, 0.4728)
     std = (0.1980, 0.2010, 0.1970)
 
+    @override
     def _read_split(self, train: bool, download: bool) -> _RawSplit:
         root = Path(self.data_dir) / "SVHN"
         data = torchvision.datasets.SVHN(str(root), split="train" if train else "test", download=download)
         return _as_raw(data.data, data.labels)
 
+    @override
     def _how_to_obtain(self) -> str:
         return (
             "Run once with network access and download=True, or put train_32x32.mat and test_32x32.mat (SVHN's "

@@ -1,43 +1,35 @@
 """A plain cross-entropy classifier LightningModule, the local model every federated client trains.
 
-The papers' local objective is the empirical cross-entropy minimised by SGD (McMahan et al. 2017; Zhao et al. 2018,
-paper 003; Wang et al. 2023, paper 000). Federated regularisers (FedProx, rFedAvg, FedCurv, ...) are added by
+The papers' local objective is the empirical cross-entropy minimised by SGD (McMahan et al. 2017, arXiv:1602.05629;
+Zhao et al. 2018, arXiv:1806.00582; Wang et al., "Distribution-Regularized Federated Learning on Non-IID Data",
+ICDE 2023). Federated regularisers (FedProx, rFedAvg, FedCurv, ...) are added by
 callbacks, so this module stays algorithm-agnostic.
 """
 
 from __future__ import annotations
-
-import math
 
 import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
+from typing_extensions import override
+
+from lightning_fed.checks import InvalidArgumentError, check_choice, check_instance, check_int, check_real
 
 _OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
-def _is_real(value: object) -> bool:
-    # bool is an int subclass, but `lr=True` is a config mistake, not a learning rate of 1.
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _validate(num_classes: int, optimizer: str, lr: float, momentum: float, weight_decay: float) -> None:
-    """Raises ``ValueError`` naming the first bad argument."""
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-        raise ValueError(f"`num_classes` must be an integer >= 2, got {num_classes!r}.")
-    if optimizer not in _OPTIMIZERS:
-        raise ValueError(f"`optimizer` must be one of {_OPTIMIZERS}, got {optimizer!r}.")
-    if not _is_real(lr) or not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"`lr` must be a finite positive number, got {lr!r}.")
-    if not _is_real(momentum) or not 0.0 <= momentum < 1.0:
-        raise ValueError(f"`momentum` must lie in [0, 1), got {momentum!r}.")
+    """Raises :class:`~lightning_fed.checks.InvalidArgumentError` naming the first bad argument."""
+    check_int("num_classes", num_classes, minimum=2)
+    check_choice("optimizer", optimizer, _OPTIMIZERS)
+    check_real("lr", lr, minimum=0.0, exclusive_minimum=True)
+    check_real("momentum", momentum, minimum=0.0, maximum=1.0, exclusive_maximum=True)
     if momentum != 0.0 and optimizer != "sgd":
         # Adam's betas play momentum's role; silently dropping a momentum setting would hide a config mistake.
-        raise ValueError(f"`momentum` is only used with optimizer='sgd'; got momentum={momentum} with {optimizer!r}.")
-    if not _is_real(weight_decay) or not math.isfinite(weight_decay) or weight_decay < 0:
-        raise ValueError(f"`weight_decay` must be a finite non-negative number, got {weight_decay!r}.")
+        raise InvalidArgumentError("momentum", momentum, f"0 with optimizer={optimizer!r} (only 'sgd' uses momentum)")
+    check_real("weight_decay", weight_decay, minimum=0.0)
 
 
 class ClassifierModule(L.LightningModule):
@@ -77,8 +69,7 @@ class ClassifierModule(L.LightningModule):
         weight_decay: float = 0.0,
     ) -> None:
         super().__init__()
-        if not isinstance(backbone, nn.Module):
-            raise TypeError(f"`backbone` must be a torch.nn.Module, got {type(backbone).__name__}.")
+        check_instance("backbone", backbone, nn.Module, "a torch.nn.Module")
         _validate(num_classes, optimizer, lr, momentum, weight_decay)
         self.save_hyperparameters(ignore=["backbone"])
         self.backbone = backbone
@@ -86,6 +77,7 @@ class ClassifierModule(L.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
 
+    @override
     def forward(self, x: Tensor) -> Tensor:
         """Returns the backbone's logits for ``x``."""
         return self.backbone(x)
@@ -100,6 +92,7 @@ class ClassifierModule(L.LightningModule):
             )
         return logits, y, F.cross_entropy(logits, y)
 
+    @override
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Returns the mean cross-entropy of the batch and logs it as ``train_loss``."""
         _, y, loss = self._logits_and_loss(batch)
@@ -107,6 +100,7 @@ class ClassifierModule(L.LightningModule):
         self.log("train_loss", loss, batch_size=y.shape[0])
         return loss
 
+    @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         """Logs ``val_loss`` and accumulates ``val_acc``."""
         logits, y, loss = self._logits_and_loss(batch)
@@ -114,6 +108,7 @@ class ClassifierModule(L.LightningModule):
         self.log("val_loss", loss, batch_size=y.shape[0])
         self.log("val_acc", self.val_acc)
 
+    @override
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         """Logs ``test_loss`` and accumulates ``test_acc``."""
         logits, y, loss = self._logits_and_loss(batch)
@@ -121,10 +116,12 @@ class ClassifierModule(L.LightningModule):
         self.log("test_loss", loss, batch_size=y.shape[0])
         self.log("test_acc", self.test_acc)
 
+    @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """Returns the optimizer named by ``optimizer`` over all parameters."""
         hp = self.hparams
-        if hp.optimizer == "sgd":
-            return torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
-        optimizer_cls = torch.optim.Adam if hp.optimizer == "adam" else torch.optim.AdamW
-        return optimizer_cls(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+        lr, weight_decay = hp["lr"], hp["weight_decay"]
+        if hp["optimizer"] == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=lr, momentum=hp["momentum"], weight_decay=weight_decay)
+        optimizer_cls = torch.optim.Adam if hp["optimizer"] == "adam" else torch.optim.AdamW
+        return optimizer_cls(self.parameters(), lr=lr, weight_decay=weight_decay)

@@ -1,12 +1,15 @@
-"""LeNet-5 (LeCun et al. 1998) as used for CIFAR-10 by FedGG (Wu, Liu, Xue 2022, paper 001): "two 5×5 convolution
-layers with 6 and 16 channels ... followed by a 2×2 maxpooling and two fully connected layers whose dimensions are 120
-and 84", with ReLU activations."""
+"""LeNet-5 (LeCun et al. 1998) as used for CIFAR-10 by FedGG (Wu, Liu, Xue 2022, arXiv:2204.03920): "two 5×5
+convolution layers with 6 and 16 channels ... followed by a 2×2 maxpooling and two fully connected layers whose
+dimensions are 120 and 84", with ReLU activations."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
 from torch import Tensor, nn
+from typing_extensions import override
+
+from lightning_fed.checks import InvalidArgumentError, check_int
 
 
 class LeNet5(nn.Module):
@@ -34,17 +37,18 @@ class LeNet5(nn.Module):
         self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28, first_conv_padding: int | None = None
     ) -> None:
         super().__init__()
-        for name, value in (("in_channels", in_channels), ("num_classes", num_classes), ("image_size", image_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        check_int("in_channels", in_channels, minimum=1)
+        check_int("num_classes", num_classes, minimum=1)
+        check_int("image_size", image_size, minimum=1)
+        check_int("first_conv_padding", first_conv_padding, minimum=0, allow_none=True)
         padding = (2 if image_size < 32 else 0) if first_conv_padding is None else first_conv_padding
-        if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
-            raise ValueError(f"`first_conv_padding` must be a non-negative integer or None, got {padding!r}.")
         side = ((image_size + 2 * padding - 4) // 2 - 4) // 2
         if side < 1:
-            raise ValueError(
-                f"`image_size`={image_size} with `first_conv_padding`={padding} is too small for two 5×5 convolutions "
-                "and two 2×2 poolings."
+            raise InvalidArgumentError(
+                "image_size",
+                image_size,
+                f"large enough for two 5×5 convolutions and two 2×2 poolings with `first_conv_padding`={padding} "
+                "(at least 12 with padding 2, 16 with none)",
             )
         self.feature_dim = 84
         self.conv1 = nn.Conv2d(in_channels, 6, kernel_size=5, padding=padding)
@@ -67,6 +71,7 @@ class LeNet5(nn.Module):
         x = self.fc_act1(self.fc1(self.flatten(x)))
         return self.features_act(self.fc2(x))
 
+    @override
     def forward(self, x: Tensor) -> Tensor:
         """Maps ``[B, in_channels, image_size, image_size]`` images to ``[B, num_classes]`` logits."""
         return self.fc3(self.features(x))

@@ -1,11 +1,14 @@
-"""The "three-layer MLP" of FedGG (Wu, Liu, Xue 2022, paper 001), used there for SVHN: "the dimensions of the input
-layer, hidden layer and output layer are 3×32×32, 512, and 10", with ReLU activation."""
+"""The "three-layer MLP" of FedGG (Wu, Liu, Xue 2022, arXiv:2204.03920), used there for SVHN: "the dimensions of the
+input layer, hidden layer and output layer are 3×32×32, 512, and 10", with ReLU activation."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
 from torch import Tensor, nn
+from typing_extensions import override
+
+from lightning_fed.checks import check_int
 
 
 class MLP(nn.Module):
@@ -13,9 +16,9 @@ class MLP(nn.Module):
     ``num_classes``.
 
     Depth: FedGG's "three-layer MLP" counts the input, hidden and output layers of the network, i.e. ONE hidden
-    layer of 512 units (input → 512 → classes), so ``num_hidden_layers`` defaults to 1. Zhao et al. (paper 003) and
-    rFedAvg (paper 000) use no MLP. Pass ``num_hidden_layers=2`` for McMahan et al.'s "2NN" (784 → 200 → 200 → 10 with
-    ``hidden_dim=200``).
+    layer of 512 units (input → 512 → classes), so ``num_hidden_layers`` defaults to 1. Zhao et al. (2018,
+    arXiv:1806.00582) and rFedAvg (Wang et al., ICDE 2023) use no MLP. Pass ``num_hidden_layers=2`` for McMahan et
+    al.'s "2NN" (784 → 200 → 200 → 10 with ``hidden_dim=200``).
 
     Feature layer: the last hidden layer's post-ReLU output; hook ``features_act`` (also the class attribute
     ``feature_layer``), width ``feature_dim``.
@@ -33,15 +36,10 @@ class MLP(nn.Module):
         self, input_dim: int = 784, hidden_dim: int = 512, num_classes: int = 10, num_hidden_layers: int = 1
     ) -> None:
         super().__init__()
-        checks = (
-            ("input_dim", input_dim),
-            ("hidden_dim", hidden_dim),
-            ("num_classes", num_classes),
-            ("num_hidden_layers", num_hidden_layers),
-        )
-        for name, value in checks:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        check_int("input_dim", input_dim, minimum=1)
+        check_int("hidden_dim", hidden_dim, minimum=1)
+        check_int("num_classes", num_classes, minimum=1)
+        check_int("num_hidden_layers", num_hidden_layers, minimum=1)
         self.feature_dim = hidden_dim
         layers: list[nn.Module] = [nn.Flatten()]
         for index in range(num_hidden_layers):
@@ -57,6 +55,7 @@ class MLP(nn.Module):
         """Returns the ``[B, hidden_dim]`` post-ReLU activations of the last hidden layer."""
         return self.features_act(self.hidden(x))
 
+    @override
     def forward(self, x: Tensor) -> Tensor:
         """Maps inputs of any shape ``[B, ...]`` with ``input_dim`` elements per example to ``[B, num_classes]``."""
         return self.head(self.features(x))

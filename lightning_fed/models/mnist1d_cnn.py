@@ -1,8 +1,9 @@
 """A small 1-D CNN for MNIST-1D (Greydanus 2020, "Scaling down deep learning"), the project's fast CPU benchmark.
 
-No paper of this project trains on MNIST-1D; the network plays the role the FedAvg CNN (McMahan et al. 2017) plays
-in papers 000 and 003: a convolutional feature extractor followed by a fully connected feature layer whose
-post-ReLU output is the penultimate activation that rFedAvg (paper 000) regularises.
+No paper of this project trains on MNIST-1D; the network plays the role the FedAvg CNN (McMahan et al. 2017,
+arXiv:1602.05629) plays in rFedAvg (Wang et al., "Distribution-Regularized Federated Learning on Non-IID Data", ICDE
+2023) and in Zhao et al. (2018, arXiv:1806.00582): a convolutional feature extractor followed by a fully connected
+feature layer whose post-ReLU output is the penultimate activation that rFedAvg regularises.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 from torch import Tensor, nn
+from typing_extensions import override
+
+from lightning_fed.checks import check_int
 
 
 def _strided_length(length: int) -> int:
@@ -39,15 +43,10 @@ class MNIST1DCNN(nn.Module):
 
     def __init__(self, input_length: int = 40, num_classes: int = 10, channels: int = 32, hidden_dim: int = 64) -> None:
         super().__init__()
-        checks = (
-            ("input_length", input_length),
-            ("num_classes", num_classes),
-            ("channels", channels),
-            ("hidden_dim", hidden_dim),
-        )
-        for name, value in checks:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        check_int("input_length", input_length, minimum=1)
+        check_int("num_classes", num_classes, minimum=1)
+        check_int("channels", channels, minimum=1)
+        check_int("hidden_dim", hidden_dim, minimum=1)
         self.feature_dim = hidden_dim
         self.conv1 = nn.Conv1d(1, channels, kernel_size=5, padding=2)
         self.conv_act1 = nn.ReLU()
@@ -70,6 +69,7 @@ class MNIST1DCNN(nn.Module):
         x = self.conv_act3(self.conv3(x))
         return self.features_act(self.fc1(self.flatten(x)))
 
+    @override
     def forward(self, x: Tensor) -> Tensor:
         """Maps ``[B, 1, input_length]`` (or ``[B, input_length]``) signals to ``[B, num_classes]`` logits."""
         return self.fc2(self.features(x))

@@ -10,4 +10,11 @@ from lightning_fed.plots.io import save_figure
 from lightning_fed.plots.partition import plot_label_histogram
 from lightning_fed.plots.xi_heatmap import plot_xi_heatmap
 
-__all__ = ["plot_client_accuracy", "plot_label_histogram", "plot_round_curves", "plot_weight_divergence", "plot_xi_heatmap", "save_figure"]
+__all__ = [
+    "plot_client_accuracy",
+    "plot_label_histogram",
+    "plot_round_curves",
+    "plot_weight_divergence",
+    "plot_xi_heatmap",
+    "save_figure",
+]

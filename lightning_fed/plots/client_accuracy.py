@@ -1,5 +1,5 @@
-"""The distribution of per-client accuracy, as in FedAMP's Fig. 2 (Huang et al., AAAI 2021, paper 004): a mean hides
-the clients a personalised method leaves behind."""
+"""The distribution of per-client accuracy, as in FedAMP's Fig. 2 (Huang et al., AAAI 2021, arXiv:2007.03797): a mean
+hides the clients a personalised method leaves behind."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from lightning_fed.checks import InvalidArgumentError, check_int
 
 
 def plot_client_accuracy(
@@ -26,13 +28,16 @@ def plot_client_accuracy(
         A figure with two axes: violins (one per label, mean marked) and the histograms.
 
     Raises:
-        ValueError: If ``accuracies`` is empty or a label has no values.
+        ValueError: If ``accuracies`` is empty, a label has no values, or ``bins`` is not a positive integer.
     """
     if not accuracies:
-        raise ValueError("`accuracies` must map at least one label to per-client accuracies.")
+        raise InvalidArgumentError("accuracies", accuracies, "a mapping of at least one label to per-client accuracies")
     empty = [label for label, values in accuracies.items() if len(values) == 0]
     if empty:
-        raise ValueError(f"`accuracies` has no values for {empty}; evaluate the clients before plotting.")
+        raise ValueError(
+            f"`accuracies` must hold values for every label; got none for {empty}: evaluate the clients first."
+        )
+    check_int("bins", bins, minimum=1)
     labels = list(accuracies)
     data = [[float(v) for v in accuracies[label]] for label in labels]
     fig = Figure(figsize=(10, 4))
@@ -49,7 +54,8 @@ def plot_client_accuracy(
     violin_ax.set_ylabel("client test accuracy")
     violin_ax.set_ylim(-0.02, 1.02)
     for label, values in zip(labels, data):
-        hist_ax.hist(values, bins=bins, range=(0.0, 1.0), alpha=0.5, label=f"{label} (mean {sum(values) / len(values):.3f})")
+        mean = sum(values) / len(values)
+        hist_ax.hist(values, bins=bins, range=(0.0, 1.0), alpha=0.5, label=f"{label} (mean {mean:.3f})")
     hist_ax.set_xlabel("client test accuracy")
     hist_ax.set_ylabel("clients")
     hist_ax.legend(fontsize="small")

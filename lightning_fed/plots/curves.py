@@ -1,5 +1,5 @@
-"""Metric curves over communication rounds, e.g. the accuracy-vs-rounds plots of Zhao et al. (2018, paper 003) and
-Wang et al. (2023, paper 000)."""
+"""Metric curves over communication rounds, e.g. the accuracy-vs-rounds plots of Zhao et al. (2018, arXiv:1806.00582)
+and Wang et al. ("Distribution-Regularized Federated Learning on Non-IID Data", ICDE 2023)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+
+from lightning_fed.checks import InvalidArgumentError
 
 # Markers help read sparse curves but clutter dense ones.
 _MAX_MARKED_POINTS = 50
@@ -27,11 +29,11 @@ def _points(history: list[dict[str, Any]], key: str, x_key: str) -> tuple[list[f
 
 def _curves(history: list[dict[str, Any]], keys: list[str], x_key: str) -> dict[str, tuple[list[float], list[float]]]:
     if not keys:
-        raise ValueError("`keys` must name at least one metric.")
+        raise InvalidArgumentError("keys", keys, "a list naming at least one metric")
     curves = {key: _points(history, key, x_key) for key in keys}
     missing = [key for key, (xs, _) in curves.items() if not xs]
     if missing:
-        raise ValueError(f"`keys` {missing} occur in no entry of `history`.")
+        raise ValueError(f"`keys` must name metrics that `history` holds; got {missing}, which occur in no entry.")
     return curves
 
 

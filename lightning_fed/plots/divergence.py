@@ -39,7 +39,7 @@ def plot_weight_divergence(history: list[dict[str, Any]], keys: list[str], title
 
 def _style(ax: Any, keys: list[str]) -> None:
     """Distinct colours for up to 20 layers, the whole-model total in bold black, labels without the prefix."""
-    palette = colormaps["tab20"].colors
+    palette = [colormaps["tab20"](index) for index in range(20)]
     layers = [line for line, key in zip(ax.get_lines(), keys) if key != "divergence/total"]
     for index, line in enumerate(layers):
         line.set_color(palette[index % len(palette)])

@@ -9,6 +9,8 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from lightning_fed.checks import InvalidArgumentError, check_int
+
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 120) -> Path:
     """Writes ``fig`` to ``path`` atomically and returns the path.
@@ -34,9 +36,8 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 120) -> Path:
     # Agg's list covers the vector formats too; querying the class leaves the figure's own canvas untouched.
     supported = FigureCanvasAgg.get_supported_filetypes()
     if fmt not in supported:
-        raise ValueError(f"`path` must end in one of {sorted(supported)}, got {str(path)!r}.")
-    if isinstance(dpi, bool) or not isinstance(dpi, int) or dpi < 1:
-        raise ValueError(f"`dpi` must be a positive integer, got {dpi!r}.")
+        raise InvalidArgumentError("path", str(path), f"a file name ending in one of {sorted(supported)}")
+    check_int("dpi", dpi, minimum=1)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -1,7 +1,7 @@
 """Per-client label histograms of a federated partition, with each client's earth mover's distance (EMD).
 
-Zhao et al. (2018, paper 003) show that FedAvg's accuracy loss on non-IID data grows with the EMD between a client's
-label distribution and the population's; this chart shows both side by side.
+Zhao et al. (2018, arXiv:1806.00582) show that FedAvg's accuracy loss on non-IID data grows with the EMD between a
+client's label distribution and the population's; this chart shows both side by side.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 from torch import Tensor
+
+from lightning_fed.checks import check_int
 
 # Beyond this many classes a legend would cover the chart; colours alone then distinguish classes.
 _MAX_LEGEND_CLASSES = 20
@@ -30,16 +32,21 @@ def _class_colors(num_classes: int) -> list[tuple[float, float, float, float]]:
 
 def _validate(histogram: Tensor, emd: Tensor | None, class_names: list[str] | None, max_clients: int) -> None:
     if not isinstance(histogram, Tensor) or histogram.dim() != 2 or histogram.numel() == 0:
-        raise ValueError("`histogram` must be a non-empty [num_clients, num_classes] tensor.")
+        shape = "a non-empty [num_clients, num_classes] tensor"
+        raise ValueError(f"`histogram` must be {shape}; got {_describe(histogram)}.")
     if bool((histogram < 0).any()):
-        raise ValueError("`histogram` holds counts and must be non-negative.")
+        raise ValueError(f"`histogram` must hold non-negative counts; got minimum {histogram.min().item()}.")
     num_clients, num_classes = histogram.shape
     if emd is not None and (not isinstance(emd, Tensor) or emd.shape != (num_clients,)):
-        raise ValueError(f"`emd` must be a tensor of shape [{num_clients}] (one value per client).")
+        raise ValueError(f"`emd` must be a tensor of shape [{num_clients}] (one per client); got {_describe(emd)}.")
     if class_names is not None and len(class_names) != num_classes:
-        raise ValueError(f"`class_names` must have {num_classes} entries, got {len(class_names)}.")
-    if isinstance(max_clients, bool) or not isinstance(max_clients, int) or max_clients < 1:
-        raise ValueError(f"`max_clients` must be a positive integer, got {max_clients!r}.")
+        raise ValueError(f"`class_names` must have {num_classes} entries (one per class); got {len(class_names)}.")
+    check_int("max_clients", max_clients, minimum=1)
+
+
+def _describe(value: object) -> str:
+    """A tensor's shape, or any other value's type: what a shape error should show instead of the data."""
+    return f"shape {list(value.shape)}" if isinstance(value, Tensor) else f"a {type(value).__name__}"
 
 
 def _title(histogram: Tensor, emd: Tensor | None, shown: int) -> str:

@@ -31,9 +31,9 @@ def plot_xi_heatmap(xi: torch.Tensor | Sequence[Sequence[float]], title: str | N
     """
     weights = torch.as_tensor(xi, dtype=torch.float64).cpu().numpy()
     if weights.ndim != 2 or weights.shape[0] != weights.shape[1] or weights.shape[0] == 0:
-        raise ValueError(f"`xi` must be a non-empty square matrix, got shape {weights.shape}.")
+        raise ValueError(f"`xi` must be a non-empty square matrix; got shape {list(weights.shape)}.")
     if not np.isfinite(weights).all():
-        raise ValueError("`xi` holds NaN or Inf; plot the weights of a finite round.")
+        raise ValueError("`xi` must hold finite values; got NaN or Inf: plot the weights of a finite round.")
     off_diagonal = np.ma.masked_array(weights, mask=np.eye(weights.shape[0], dtype=bool))
     fig = Figure(figsize=(11, 4.8))
     FigureCanvasAgg(fig)

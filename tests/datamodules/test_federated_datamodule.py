@@ -19,6 +19,7 @@ from lightning_fed.datamodules import (
     TensorClassificationDataset,
 )
 from lightning_fed.datamodules.partitioners.base import Partitioner
+from lightning_fed.datamodules.vision import _TorchvisionFederated
 
 NUM_CLASSES = 5
 
@@ -171,6 +172,9 @@ def test_label_histogram_and_emd():
         ({"num_workers": -1}, "num_workers"),
         ({"client_test_size": 10}, "client_test_fraction=0"),
         ({"client_test_fraction": 0, "client_test_size": 0}, "client_test_size"),
+        ({"num_workers": True}, "num_workers"),
+        ({"seed": 1.5}, "seed"),
+        ({"sharing": {"beta": 0.1}}, "sharing"),
     ],
 )
 def test_bad_settings_fail_eagerly_naming_the_argument(kwargs, match):
@@ -340,3 +344,35 @@ def test_subclasses_must_define_num_classes():
 
     with pytest.raises(ValueError, match="num_classes"):
         NoClasses(IidPartitioner(2))
+
+
+def test_datasets_must_be_map_style_datasets():
+    with pytest.raises(ValueError, match="train_dataset"):
+        DatasetFederated([(0.0, 1)], None, NUM_CLASSES, IidPartitioner(1))
+    with pytest.raises(ValueError, match="test_dataset"):
+        DatasetFederated(_indexed(10), "test.pt", NUM_CLASSES, IidPartitioner(1))
+
+
+def test_incomplete_subclasses_cannot_be_instantiated():
+    class NoDatasets(FederatedDataModule):
+        num_classes = NUM_CLASSES
+
+    class NoPartition(Partitioner):
+        pass
+
+    with pytest.raises(TypeError, match="abstract.*_load_datasets"):
+        NoDatasets(IidPartitioner(2))
+    with pytest.raises(TypeError, match="abstract.*partition"):
+        NoPartition(2)
+
+    class NoReader(_TorchvisionFederated):
+        num_classes = NUM_CLASSES
+
+    with pytest.raises(TypeError, match="abstract.*_how_to_obtain.*_read_split"):
+        NoReader(IidPartitioner(2))
+
+
+def test_dataset_federated_is_still_importable_from_base():
+    from lightning_fed.datamodules.base import DatasetFederated as FromBase
+
+    assert FromBase is DatasetFederated

@@ -27,7 +27,7 @@ BIG_BALANCED = torch.arange(NUM_CLASSES).repeat_interleave(1000)
 SCHEMES: dict[str, tuple[Callable[[int], Partitioner], bool]] = {
     "iid": (lambda seed: IidPartitioner(10, seed=seed), True),
     "dirichlet_class": (lambda seed: DirichletPartitioner(10, alpha=0.5, seed=seed), True),
-    "dirichlet_client": (lambda seed: DirichletPartitioner(10, alpha=0.5, partition_by="client", seed=seed), True),
+    "dirichlet_client": (lambda seed: DirichletPartitioner(10, alpha=0.5, proportions="per_client", seed=seed), True),
     "shard_1": (lambda seed: ShardPartitioner(10, 1, seed=seed), True),
     "shard_2": (lambda seed: ShardPartitioner(10, 2, seed=seed), True),
     "similarity": (lambda seed: SimilarityPartitioner(10, 0.3, seed=seed), True),
@@ -96,6 +96,7 @@ def test_rejects_bad_labels(partitioner: Partitioner) -> None:
         (lambda: DirichletPartitioner(5, alpha=float("inf")), "alpha"),
         (lambda: DirichletPartitioner(5, alpha=1.0, min_partition_size=-1), "min_partition_size"),
         (lambda: DirichletPartitioner(5, alpha=1.0, max_retries=0), "max_retries"),
+        (lambda: DirichletPartitioner(5, alpha=1.0, proportions="per_label"), "proportions"),
         (lambda: DirichletPartitioner(5, alpha=1.0, partition_by="label"), "partition_by"),
         (lambda: ShardPartitioner(5, 0), "shards_per_client"),
         (lambda: SimilarityPartitioner(5, 1.5), "similarity"),
@@ -121,18 +122,18 @@ def test_iid_sizes_differ_by_at_most_one() -> None:
         IidPartitioner(20).partition(labels[:5])
 
 
-@pytest.mark.parametrize("form", ["class", "client"])
+@pytest.mark.parametrize("form", ["per_class", "per_client"])
 def test_dirichlet_large_alpha_is_close_to_iid(form: str) -> None:
-    parts = DirichletPartitioner(10, alpha=1e4, partition_by=form, seed=0).partition(BIG_BALANCED)
+    parts = DirichletPartitioner(10, alpha=1e4, proportions=form, seed=0).partition(BIG_BALANCED)
     assert_disjoint(parts, BIG_BALANCED.numel(), cover=True)
     # 1000 draws per client leave a multinomial L1 error of ~0.08 around the population.
     assert max_emd(BIG_BALANCED, parts) < 0.2
 
 
-@pytest.mark.parametrize("form", ["class", "client"])
+@pytest.mark.parametrize("form", ["per_class", "per_client"])
 def test_dirichlet_smaller_alpha_is_more_skewed(form: str) -> None:
     def mean_skew(alpha: float) -> float:
-        parts = DirichletPartitioner(10, alpha=alpha, partition_by=form, min_partition_size=0).partition(BIG_BALANCED)
+        parts = DirichletPartitioner(10, alpha=alpha, proportions=form, min_partition_size=0).partition(BIG_BALANCED)
         top_share = histogram(BIG_BALANCED, parts).max(1).values / torch.tensor([p.numel() for p in parts])
         return float(top_share.mean())
 
@@ -142,8 +143,24 @@ def test_dirichlet_smaller_alpha_is_more_skewed(form: str) -> None:
 def test_dirichlet_respects_min_partition_size_and_client_form_sizes() -> None:
     parts = DirichletPartitioner(20, alpha=0.5, min_partition_size=20, seed=2).partition(BALANCED)
     assert min(p.numel() for p in parts) >= 20
-    sizes = [p.numel() for p in DirichletPartitioner(7, alpha=0.1, partition_by="client").partition(BALANCED)]
+    sizes = [p.numel() for p in DirichletPartitioner(7, alpha=0.1, proportions="per_client").partition(BALANCED)]
     assert max(sizes) - min(sizes) <= 1 and sum(sizes) == BALANCED.numel()
+
+
+@pytest.mark.parametrize(("old", "new"), [("class", "per_class"), ("client", "per_client")])
+def test_dirichlet_partition_by_is_a_deprecated_alias_of_proportions(old: str, new: str) -> None:
+    with pytest.deprecated_call(match="proportions"):
+        aliased = DirichletPartitioner(10, alpha=0.5, partition_by=old, seed=3)
+    assert aliased.proportions == new
+    expected = DirichletPartitioner(10, alpha=0.5, proportions=new, seed=3).partition(BALANCED)
+    assert all(torch.equal(a, b) for a, b in zip(aliased.partition(BALANCED), expected))
+    with pytest.deprecated_call(match="proportions"):
+        assert aliased.partition_by == old
+
+
+def test_dirichlet_partition_by_contradicting_proportions_is_an_error() -> None:
+    with pytest.raises(ValueError, match="partition_by.*proportions"):
+        DirichletPartitioner(10, alpha=0.5, proportions="per_client", partition_by="class")
 
 
 def test_dirichlet_infeasible_gives_up_after_bounded_retries_naming_the_knobs() -> None:

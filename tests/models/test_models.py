@@ -105,6 +105,10 @@ def test_mnist1d_cnn_shapes_and_param_count() -> None:
         (lambda: LeNet5(first_conv_padding=-1), "first_conv_padding"),
         (lambda: MLP(num_hidden_layers=0), "num_hidden_layers"),
         (lambda: MNIST1DCNN(channels=True), "channels"),
+        (lambda: MNIST1DCNN(input_length=0), "input_length"),
+        (lambda: MLP(hidden_dim=2.0), "hidden_dim"),
+        (lambda: LeNet5(first_conv_padding=1.5), "first_conv_padding"),
+        (lambda: FedAvgCNN(num_classes="10"), "num_classes"),
     ],
 )
 def test_networks_reject_bad_arguments(factory, name: str) -> None:
@@ -164,7 +168,8 @@ def test_configure_optimizers(kwargs: dict, cls: type) -> None:
     ("kwargs", "name"),
     [({"num_classes": 1}, "num_classes"), ({"optimizer": "rmsprop"}, "optimizer"), ({"lr": 0.0}, "lr"),
      ({"lr": float("nan")}, "lr"), ({"momentum": 1.0}, "momentum"), ({"optimizer": "adam", "momentum": 0.9},
-     "momentum"), ({"weight_decay": -1e-4}, "weight_decay")],
+     "momentum"), ({"weight_decay": -1e-4}, "weight_decay"), ({"lr": True}, "lr"),
+     ({"weight_decay": float("inf")}, "weight_decay")],
 )
 def test_classifier_rejects_bad_arguments(kwargs: dict, name: str) -> None:
     args = {"num_classes": 3, **kwargs}

@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lightning_fed.plots import plot_label_histogram, plot_round_curves, save_figure
+from lightning_fed.plots import plot_client_accuracy, plot_label_histogram, plot_round_curves, save_figure
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -142,3 +142,19 @@ def test_label_histogram_axis_shows_the_tallest_stack() -> None:
     histogram = torch.tensor([[5, 0, 1], [200, 150, 120], [3, 3, 3]])
     fig = plot_label_histogram(histogram, emd=torch.tensor([0.5, 0.2, 0.1]))
     assert fig.axes[0].get_ylim()[1] >= 470
+
+
+def test_client_accuracy_draws_one_histogram_per_label() -> None:
+    fig = plot_client_accuracy({"fedavg": [0.5, 0.7, 0.9], "fedamp": [0.8]}, title="clients", bins=10)
+    violin_ax, hist_ax = fig.axes
+    assert [label.get_text() for label in violin_ax.get_xticklabels()] == ["fedavg", "fedamp"]
+    assert len(hist_ax.patches) == 2 * 10  # one bar per bin and label
+
+
+@pytest.mark.parametrize(
+    ("accuracies", "bins", "name"),
+    [({}, 20, "accuracies"), ({"fedavg": []}, 20, "accuracies"), ({"fedavg": [0.5]}, 0, "bins")],
+)
+def test_client_accuracy_rejects_bad_arguments(accuracies: dict, bins: int, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        plot_client_accuracy(accuracies, bins=bins)

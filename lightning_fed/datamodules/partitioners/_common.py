@@ -1,4 +1,4 @@
-"""Validation and conversion shared by the partitioners (private)."""
+"""Label validation and index conversion shared by the partitioners (private)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,6 @@ import torch
 from torch import Tensor
 
 
-def require_int(name: str, value: object, minimum: int) -> int:
-    """Returns ``value`` if it is an integer ``>= minimum``, else raises a ``ValueError`` naming ``name``."""
-    # bool is an int subclass; `shards_per_client=True` is a config mistake, not a 1.
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}.")
-    return int(value)
-
-
 def labels_to_numpy(labels: Tensor | Sequence[int] | np.ndarray) -> np.ndarray:
     """Returns ``labels`` as a 1-D int64 numpy array of non-negative class ids.
 
@@ -25,12 +17,12 @@ def labels_to_numpy(labels: Tensor | Sequence[int] | np.ndarray) -> np.ndarray:
     """
     tensor = torch.as_tensor(labels)
     if tensor.ndim != 1:
-        raise ValueError(f"`labels` must be a 1-D tensor, got shape {tuple(tensor.shape)}.")
+        raise ValueError(f"`labels` must be a 1-D tensor; got shape {tuple(tensor.shape)}.")
     if tensor.is_floating_point() or tensor.is_complex():
-        raise ValueError(f"`labels` must hold integer class ids, got dtype {tensor.dtype}.")
+        raise ValueError(f"`labels` must hold integer class ids; got dtype {tensor.dtype}.")
     array = tensor.detach().cpu().to(torch.int64).numpy()
     if array.size and array.min() < 0:
-        raise ValueError(f"`labels` must be non-negative class ids, got minimum {int(array.min())}.")
+        raise ValueError(f"`labels` must be non-negative class ids; got minimum {int(array.min())}.")
     return array
 
 

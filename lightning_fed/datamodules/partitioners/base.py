@@ -5,6 +5,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from torch import Tensor
+from typing_extensions import override
+
+from lightning_fed.checks import check_int
 
 
 class Partitioner(ABC):
@@ -20,10 +23,9 @@ class Partitioner(ABC):
     """
 
     def __init__(self, num_partitions: int, seed: int = 0) -> None:
-        if not isinstance(num_partitions, int) or num_partitions < 1:
-            raise ValueError(f"`num_partitions` must be a positive integer, got {num_partitions!r}.")
-        self.num_partitions = num_partitions
-        self.seed = seed
+        self.num_partitions = check_int("num_partitions", num_partitions, minimum=1)
+        # NumPy's generators, which the partitioners draw from, reject negative seeds.
+        self.seed = check_int("seed", seed, minimum=0)
 
     @abstractmethod
     def partition(self, labels: Tensor, natural_ids: Tensor | None = None) -> list[Tensor]:
@@ -33,7 +35,9 @@ class Partitioner(ABC):
             labels: 1-D int64 tensor of class labels, one per example.
             natural_ids: 1-D int64 tensor of natural client ids (e.g. LEAF writers), for partitioners that use them.
         """
+        raise NotImplementedError
 
+    @override
     def __repr__(self) -> str:
         settings = ", ".join(f"{key}={value!r}" for key, value in vars(self).items() if not key.startswith("_"))
         return f"{type(self).__name__}({settings})"

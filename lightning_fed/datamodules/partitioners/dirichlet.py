@@ -2,32 +2,47 @@
 
 from __future__ import annotations
 
-import math
+import warnings
+from typing import Literal
 
 import numpy as np
 from torch import Tensor
+from typing_extensions import override
 
-from lightning_fed.datamodules.partitioners._common import labels_to_numpy, require_int, to_index_tensors
+from lightning_fed.checks import InvalidArgumentError, check_choice, check_int, check_real
+from lightning_fed.datamodules.partitioners._common import labels_to_numpy, to_index_tensors
 from lightning_fed.datamodules.partitioners.base import Partitioner
 
-_FORMS = ("class", "client")
+_Proportions = Literal["per_class", "per_client"]
+_PROPORTIONS: tuple[_Proportions, ...] = ("per_class", "per_client")
+# The deprecated `partition_by` spelling of each `proportions` value.
+_PARTITION_BY: dict[str, _Proportions] = {"class": "per_class", "client": "per_client"}
+_PARTITION_BY_OF = {new: old for old, new in _PARTITION_BY.items()}
+_DEPRECATED_PARTITION_BY = (
+    "DirichletPartitioner's `partition_by` is deprecated and will be removed in the next release: use "
+    "`proportions` instead (partition_by='class' is proportions='per_class', 'client' is 'per_client')."
+)
 
 
 class DirichletPartitioner(Partitioner):
     """Label skew drawn from a symmetric Dirichlet distribution with concentration ``alpha`` (the papers' β).
 
-    Source: Wu, Liu, Xue, "Global Update Guided Federated Learning" (FedGG, 2022), §4.1: client i's class
-    distribution is a vector p_i over the M classes with p_i ~ Dirichlet(β), β ∈ {0.5, 0.1}; smaller β is more
-    skewed. That text is the ``partition_by="client"`` form. FedGG says it follows MOON (Li, He, Song, CVPR 2021), whose
-    split is the ``"class"`` form, so both are offered; ``"class"`` is the default.
+    Source: Wu, Liu, Xue, "Global Update Guided Federated Learning" (FedGG, 2022, arXiv:2204.03920), §4.1: client
+    i's class distribution is a vector p_i over the M classes with p_i ~ Dirichlet(β), β ∈ {0.5, 0.1}; smaller β is
+    more skewed. That text is the ``proportions="per_client"`` form. FedGG says it follows MOON (Li, He, Song,
+    "Model-Contrastive Federated Learning", CVPR 2021), whose split is the ``"per_class"`` form, so both are offered;
+    ``"per_class"`` is the default.
 
-    - ``"class"``: for each class c, draw q_c ~ Dir(alpha · 1_K) over the K clients and cut c's shuffled examples
-      at the cumulative proportions (floored). Every example is used exactly once; client sizes vary. The whole draw
-      is repeated, at most ``max_retries`` times, until every client holds ``>= min_partition_size`` examples.
-    - ``"client"``: client sizes are equal (they differ by at most one, every example used once). Client k draws
-      p_k ~ Dir(alpha · 1_M) over the M classes and fills its quota by sampling without replacement: draws of a class
-      that has run out are redrawn from p_k renormalised over the classes that remain. Clients fill in a seeded
-      random order, so no fixed client is left with the remainder.
+    ``proportions`` names what one Dirichlet draw is a distribution over:
+
+    - ``"per_class"``: for each class c, draw q_c ~ Dir(alpha · 1_K), the proportions of c's examples that go to each
+      of the K clients, and cut c's shuffled examples at the cumulative proportions (floored). Every example is used
+      exactly once; client sizes vary. The whole draw is repeated, at most ``max_retries`` times, until every client
+      holds ``>= min_partition_size`` examples.
+    - ``"per_client"``: client sizes are equal (they differ by at most one, every example used once). Client k draws
+      p_k ~ Dir(alpha · 1_M), the proportions of the M classes in its data, and fills its quota by sampling without
+      replacement: draws of a class that has run out are redrawn from p_k renormalised over the classes that remain.
+      Clients fill in a seeded random order, so no fixed client is left with the remainder.
 
     ``alpha -> inf`` approaches IID; ``alpha -> 0`` approaches one class per client.
 
@@ -35,10 +50,13 @@ class DirichletPartitioner(Partitioner):
         num_partitions: Number of clients K.
         alpha: Dirichlet concentration, > 0.
         min_partition_size: Fewest examples a client may get.
-        max_retries: Most draws the ``"class"`` form tries before giving up.
-        partition_by: ``"class"`` (per-class proportions over clients) or ``"client"`` (FedGG's per-client proportions
-            over classes).
+        max_retries: Most draws the ``"per_class"`` form tries before giving up.
+        proportions: ``"per_class"`` (each class's proportions over the clients) or ``"per_client"`` (each client's
+            proportions over the classes, FedGG's text).
         seed: Seed of every draw.
+        partition_by: Deprecated alias of ``proportions`` (``"class"`` is ``"per_class"``, ``"client"`` is
+            ``"per_client"``), removed in the next release. It was renamed because flwr-datasets'
+            ``partition_by`` names the label column instead.
 
     Raises:
         ValueError: On invalid settings, or when no draw satisfies ``min_partition_size``.
@@ -50,19 +68,26 @@ class DirichletPartitioner(Partitioner):
         alpha: float,
         min_partition_size: int = 10,
         max_retries: int = 100,
-        partition_by: str = "class",
+        proportions: Literal["per_class", "per_client"] = "per_class",
         seed: int = 0,
+        partition_by: Literal["class", "client"] | None = None,
     ) -> None:
         super().__init__(num_partitions, seed)
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
-            raise ValueError(f"`alpha` must be a finite number > 0, got {alpha!r}.")
-        if partition_by not in _FORMS:
-            raise ValueError(f"`partition_by` must be one of {_FORMS}, got {partition_by!r}.")
-        self.alpha = float(alpha)
-        self.min_partition_size = require_int("min_partition_size", min_partition_size, 0)
-        self.max_retries = require_int("max_retries", max_retries, 1)
-        self.partition_by = partition_by
+        self.alpha = check_real("alpha", alpha, minimum=0.0, exclusive_minimum=True)
+        self.min_partition_size = check_int("min_partition_size", min_partition_size, minimum=0)
+        self.max_retries = check_int("max_retries", max_retries, minimum=1)
+        check_choice("proportions", proportions, _PROPORTIONS)
+        if partition_by is not None:
+            proportions = _from_partition_by(partition_by, proportions)
+        self.proportions = proportions
 
+    @property
+    def partition_by(self) -> str:
+        """Deprecated: ``"class"`` or ``"client"``, the old spelling of :attr:`proportions`."""
+        warnings.warn(_DEPRECATED_PARTITION_BY, DeprecationWarning, stacklevel=2)
+        return _PARTITION_BY_OF[self.proportions]
+
+    @override
     def partition(self, labels: Tensor, natural_ids: Tensor | None = None) -> list[Tensor]:
         """Returns one sorted int64 index tensor per client; see the class docstring."""
         y = labels_to_numpy(labels)
@@ -74,7 +99,7 @@ class DirichletPartitioner(Partitioner):
             )
         rng = np.random.default_rng(self.seed)
         by_class = [rng.permutation(np.flatnonzero(y == c)) for c in np.unique(y)]
-        if self.partition_by == "class":
+        if self.proportions == "per_class":
             return to_index_tensors(self._split_classes(by_class, rng))
         return to_index_tensors(self._fill_clients(by_class, y.size, rng))
 
@@ -91,10 +116,10 @@ class DirichletPartitioner(Partitioner):
                 pieces = [np.split(indices, cuts) for indices, cuts in zip(by_class, bounds)]
                 return [np.concatenate([per_class[k] for per_class in pieces]) for k in range(self.num_partitions)]
         raise ValueError(
-            f"DirichletPartitioner(partition_by='class') found no draw in `max_retries`={self.max_retries} giving "
+            f"DirichletPartitioner(proportions='per_class') found no draw in `max_retries`={self.max_retries} giving "
             f"every client >= `min_partition_size`={self.min_partition_size} examples (the best draw's smallest "
             f"client got {best}). Lower `min_partition_size`, raise `alpha` (now {self.alpha}), use fewer "
-            f"`num_partitions` (now {self.num_partitions}), raise `max_retries`, or use partition_by='client' "
+            f"`num_partitions` (now {self.num_partitions}), raise `max_retries`, or use proportions='per_client' "
             f"(equal sizes)."
         )
 
@@ -138,3 +163,16 @@ def _sample_without_replacement(
         counts += draw
         quota -= int(draw.sum())
     return counts
+
+
+def _from_partition_by(partition_by: str, proportions: str) -> _Proportions:
+    """The ``proportions`` value the deprecated ``partition_by`` stands for; warns that it is deprecated."""
+    check_choice("partition_by", partition_by, tuple(_PARTITION_BY))
+    warnings.warn(_DEPRECATED_PARTITION_BY, DeprecationWarning, stacklevel=3)
+    translated = _PARTITION_BY[partition_by]
+    # `proportions` left at its default cannot be told from an explicit "per_class"; only a contradiction is an error.
+    if proportions != "per_class" and proportions != translated:
+        raise InvalidArgumentError(
+            "partition_by", partition_by, f"left out, or consistent with `proportions` ({proportions!r})"
+        )
+    return translated

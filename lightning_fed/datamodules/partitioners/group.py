@@ -6,8 +6,10 @@ from collections.abc import Sequence
 
 import numpy as np
 from torch import Tensor
+from typing_extensions import override
 
-from lightning_fed.datamodules.partitioners._common import labels_to_numpy, require_int, to_index_tensors
+from lightning_fed.checks import InvalidArgumentError, check_int, check_real
+from lightning_fed.datamodules.partitioners._common import labels_to_numpy, to_index_tensors
 from lightning_fed.datamodules.partitioners.base import Partitioner
 
 
@@ -36,7 +38,7 @@ class GroupPartitioner(Partitioner):
     Args:
         num_partitions: Number of clients.
         num_groups: Number of client groups (3 in the paper).
-        dominant_ratio: Share of a client's samples from its group's dominant classes, in [0, 1].
+        dominant_ratio: Share of a client's samples from its group's dominant classes, in [0, 1] (80% is 0.8).
         samples_per_client: Samples per client, one entry per group. ``None`` gives every client the largest equal
             size the labels can supply.
         clients_per_group: Clients per group, summing to ``num_partitions``. ``None`` splits them evenly.
@@ -55,22 +57,19 @@ class GroupPartitioner(Partitioner):
         seed: int = 0,
     ) -> None:
         super().__init__(num_partitions, seed)
-        self.num_groups = require_int("num_groups", num_groups, 1)
-        if self.num_groups > num_partitions:
-            raise ValueError(f"`num_groups`={num_groups} exceeds `num_partitions`={num_partitions}; lower it.")
-        if isinstance(dominant_ratio, bool) or not isinstance(dominant_ratio, (int, float)) or not (
-            0.0 <= dominant_ratio <= 1.0
-        ):
-            raise ValueError(f"`dominant_ratio` must be a fraction in [0, 1] (80% is 0.8), got {dominant_ratio!r}.")
-        self.dominant_ratio = float(dominant_ratio)
+        self.num_groups = check_int("num_groups", num_groups, minimum=1)
+        if self.num_groups > self.num_partitions:
+            every_group_a_client = f"at most `num_partitions` ({self.num_partitions}), as every group needs a client"
+            raise InvalidArgumentError("num_groups", num_groups, every_group_a_client)
+        self.dominant_ratio = check_real("dominant_ratio", dominant_ratio, minimum=0.0, maximum=1.0)
         self.samples_per_client = _per_group("samples_per_client", samples_per_client, self.num_groups)
         self.clients_per_group = _per_group("clients_per_group", clients_per_group, self.num_groups)
         self.classes_per_group = _per_group("classes_per_group", classes_per_group, self.num_groups)
-        if self.clients_per_group is not None and sum(self.clients_per_group) != num_partitions:
-            raise ValueError(
-                f"`clients_per_group`={self.clients_per_group} must sum to `num_partitions`={num_partitions}."
-            )
+        if self.clients_per_group is not None and sum(self.clients_per_group) != self.num_partitions:
+            summing = f"a list summing to `num_partitions` ({self.num_partitions})"
+            raise InvalidArgumentError("clients_per_group", self.clients_per_group, summing)
 
+    @override
     def partition(self, labels: Tensor, natural_ids: Tensor | None = None) -> list[Tensor]:
         """Returns one sorted int64 index tensor per client; see the class docstring."""
         y = labels_to_numpy(labels)
@@ -159,10 +158,11 @@ def _per_group(name: str, values: Sequence[int] | None, num_groups: int) -> list
     """Validates an optional list with one positive integer per group."""
     if values is None:
         return None
-    values = list(values)
-    if len(values) != num_groups:
-        raise ValueError(f"`{name}` needs one entry per group (`num_groups`={num_groups}), got {values!r}.")
-    return [require_int(name, value, 1) for value in values]
+    allowed = f"a list of {num_groups} positive integers (one per group, `num_groups`={num_groups}) or None"
+    # A string is a sequence too, but never a list of counts.
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)) or len(values) != num_groups:
+        raise InvalidArgumentError(name, values, allowed)
+    return [check_int(f"{name}[{index}]", value, minimum=1) for index, value in enumerate(values)]
 
 
 def _spread(total: int, num_bins: int, rank: int) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from torch import Tensor
+from typing_extensions import override
 
 from lightning_fed.datamodules.partitioners._common import labels_to_numpy, to_index_tensors
 from lightning_fed.datamodules.partitioners.base import Partitioner
@@ -22,6 +23,7 @@ class IidPartitioner(Partitioner):
         seed: Seed of the permutation.
     """
 
+    @override
     def partition(self, labels: Tensor, natural_ids: Tensor | None = None) -> list[Tensor]:
         """Returns one sorted int64 index tensor per client; see the class docstring."""
         num_examples = labels_to_numpy(labels).size

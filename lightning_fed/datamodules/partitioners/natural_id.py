@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import Tensor
+from typing_extensions import override
 
 from lightning_fed.datamodules.partitioners._common import labels_to_numpy, to_index_tensors
 from lightning_fed.datamodules.partitioners.base import Partitioner
@@ -23,6 +24,7 @@ class NaturalIdPartitioner(Partitioner):
         seed: Unused; kept for the common constructor.
     """
 
+    @override
     def partition(self, labels: Tensor, natural_ids: Tensor | None = None) -> list[Tensor]:
         """Returns one sorted int64 index tensor per distinct natural id, in ascending id order."""
         num_examples = labels_to_numpy(labels).size
@@ -30,7 +32,7 @@ class NaturalIdPartitioner(Partitioner):
             raise ValueError("NaturalIdPartitioner needs `natural_ids` (one id per example); none were given.")
         ids = torch.as_tensor(natural_ids).detach().cpu().numpy()
         if ids.shape != (num_examples,):
-            raise ValueError(f"`natural_ids` must have shape ({num_examples},) like `labels`, got {ids.shape}.")
+            raise ValueError(f"`natural_ids` must have shape ({num_examples},) like `labels`; got {ids.shape}.")
         distinct, inverse = np.unique(ids, return_inverse=True)
         if distinct.size != self.num_partitions:
             raise ValueError(

@@ -6,13 +6,10 @@ import warnings
 
 import numpy as np
 from torch import Tensor
+from typing_extensions import override
 
-from lightning_fed.datamodules.partitioners._common import (
-    labels_to_numpy,
-    require_int,
-    sort_with_random_ties,
-    to_index_tensors,
-)
+from lightning_fed.checks import check_int
+from lightning_fed.datamodules.partitioners._common import labels_to_numpy, sort_with_random_ties, to_index_tensors
 from lightning_fed.datamodules.partitioners.base import Partitioner
 
 # Swap proposals per shard when randomising the assignment; enough to mix the class pairings well.
@@ -45,8 +42,9 @@ class ShardPartitioner(Partitioner):
 
     def __init__(self, num_partitions: int, shards_per_client: int, seed: int = 0) -> None:
         super().__init__(num_partitions, seed)
-        self.shards_per_client = require_int("shards_per_client", shards_per_client, 1)
+        self.shards_per_client = check_int("shards_per_client", shards_per_client, minimum=1)
 
+    @override
     def partition(self, labels: Tensor, natural_ids: Tensor | None = None) -> list[Tensor]:
         """Returns one sorted int64 index tensor per client; see the class docstring."""
         y = labels_to_numpy(labels)

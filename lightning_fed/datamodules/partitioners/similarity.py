@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from torch import Tensor
+from typing_extensions import override
 
+from lightning_fed.checks import check_real
 from lightning_fed.datamodules.partitioners._common import labels_to_numpy, sort_with_random_ties, to_index_tensors
 from lightning_fed.datamodules.partitioners.base import Partitioner
 
@@ -27,17 +27,15 @@ class SimilarityPartitioner(Partitioner):
 
     Args:
         num_partitions: Number of clients.
-        similarity: Fraction s of the data that is IID, in [0, 1].
+        similarity: Fraction s of the data that is IID, in [0, 1] (10% is 0.1).
         seed: Seed of the IID draw and of the tie order.
     """
 
     def __init__(self, num_partitions: int, similarity: float, seed: int = 0) -> None:
         super().__init__(num_partitions, seed)
-        valid = isinstance(similarity, (int, float)) and not isinstance(similarity, bool)
-        if not valid or not math.isfinite(similarity) or not 0.0 <= similarity <= 1.0:
-            raise ValueError(f"`similarity` must be a fraction in [0, 1] (10% is 0.1), got {similarity!r}.")
-        self.similarity = float(similarity)
+        self.similarity = check_real("similarity", similarity, minimum=0.0, maximum=1.0)
 
+    @override
     def partition(self, labels: Tensor, natural_ids: Tensor | None = None) -> list[Tensor]:
         """Returns one sorted int64 index tensor per client; see the class docstring."""
         y = labels_to_numpy(labels)

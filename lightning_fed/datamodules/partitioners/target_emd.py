@@ -6,7 +6,9 @@ import math
 
 import numpy as np
 from torch import Tensor
+from typing_extensions import override
 
+from lightning_fed.checks import check_real
 from lightning_fed.datamodules.partitioners._common import labels_to_numpy, to_index_tensors
 from lightning_fed.datamodules.partitioners.base import Partitioner
 
@@ -82,16 +84,13 @@ class TargetEmdPartitioner(Partitioner):
 
     def __init__(self, num_partitions: int, target_emd: float, seed: int = 0, tolerance: float = 0.02) -> None:
         super().__init__(num_partitions, seed)
-        # The class count is only known from the labels; here only what no class count can make valid is rejected.
-        if isinstance(target_emd, bool) or not isinstance(target_emd, (int, float)) or not 0 <= target_emd < 2:
-            raise ValueError(
-                f"`target_emd` must be a number in [0, 2(C-1)/C] (at most 1.8 for 10 classes), got {target_emd!r}."
-            )
-        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
-            raise ValueError(f"`tolerance` must be a positive number, got {tolerance!r}.")
-        self.target_emd = float(target_emd)
-        self.tolerance = float(tolerance)
+        # The class count C is only known from the labels: here only what no C can make valid (2(C-1)/C < 2) is
+        # rejected; `partition` checks the exact bound.
+        self.target_emd = check_real("target_emd", target_emd, minimum=0.0, maximum=2.0, exclusive_maximum=True)
+        # An infinite tolerance turns the realised-EMD check off.
+        self.tolerance = check_real("tolerance", tolerance, minimum=0.0, exclusive_minimum=True, allow_inf=True)
 
+    @override
     def partition(self, labels: Tensor, natural_ids: Tensor | None = None) -> list[Tensor]:
         """Returns one sorted int64 index tensor per client; see the class docstring."""
         y = labels_to_numpy(labels)

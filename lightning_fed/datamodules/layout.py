@@ -1,0 +1,158 @@
+"""The steps of :meth:`FederatedDataModule.setup <lightning_fed.datamodules.base.FederatedDataModule.setup>`, as
+functions of the labels and the settings: read the labels, carve out the global validation set, partition the rest
+among the clients, and hold out each client's test split. :class:`Layout` holds the result."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset, Subset
+
+from lightning_fed.datamodules._splits import RaggedIndex, holdout_sizes, stratified_holdout
+from lightning_fed.datamodules.partitioners.base import Partitioner
+from lightning_fed.seeding import derive_seed
+
+
+@dataclass
+class Layout:
+    """Everything ``setup`` derives; built completely before it is attached, so a failed setup leaves no trace.
+
+    Attributes:
+        train: The training dataset every index below (but ``client_tests`` and ``test_indices``) points into.
+        labels: ``[len(train)]`` int64 labels of ``train``.
+        val: Indices of the global validation set.
+        clients: Every client's training indices.
+        client_tests: Every client's test indices, into ``client_test_source``.
+        client_test_source: The dataset the client test splits index (``train``, or LEAF's test data).
+        test: The global test dataset.
+        test_indices: The indices of ``test`` that form the global test set; ``None`` means all of it.
+        fingerprint: A digest of the labels and every split, checked on resume.
+        shared: Indices of Zhao et al.'s global set G, or ``None`` without data sharing.
+        shares: Every client's share of G, or ``None`` without data sharing.
+    """
+
+    train: Dataset
+    labels: Tensor
+    val: Tensor
+    clients: RaggedIndex
+    client_tests: RaggedIndex
+    client_test_source: Dataset
+    test: Dataset
+    test_indices: Tensor | None
+    fingerprint: str
+    shared: Tensor | None = None
+    shares: RaggedIndex | None = None
+
+
+def extract_labels(dataset: Dataset, name: str) -> Tensor:
+    """The dataset's labels as an int64 tensor, from ``targets``/``labels`` when present, else by iterating once."""
+    if isinstance(dataset, Subset):
+        return extract_labels(dataset.dataset, name)[torch.as_tensor(dataset.indices, dtype=torch.int64)]
+    size = len(dataset)  # type: ignore[arg-type]  # map-style datasets are sized; torch's Dataset does not say so
+    if size == 0:
+        raise ValueError(f"The {name} dataset is empty.")
+    for attribute in ("targets", "labels"):
+        values = getattr(dataset, attribute, None)
+        if values is not None and len(values) == size:
+            return torch.as_tensor(values).to(torch.int64).reshape(-1)
+    return torch.tensor([int(dataset[index][1]) for index in range(size)], dtype=torch.int64)
+
+
+def check_label_range(labels: Tensor, num_classes: int) -> None:
+    """Raises a ``ValueError`` unless every label lies in ``[0, num_classes)``."""
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(
+            f"Training labels span [{int(labels.min())}, {int(labels.max())}] but `num_classes` is "
+            f"{num_classes}: labels must lie in [0, num_classes)."
+        )
+
+
+def carve_validation(
+    labels: Tensor, natural_ids: Tensor | None, val_fraction: float, num_clients: int, seed: int
+) -> tuple[Tensor, Tensor]:
+    """Returns (validation indices, the remaining indices to partition).
+
+    The holdout is label-stratified. With natural client ids it is taken from every natural client (stratified by
+    label within it, leaving each at least one example), so that no natural client vanishes before partitioning.
+
+    Raises:
+        ValueError: If fewer than ``num_clients`` examples would remain.
+    """
+    total = labels.numel()
+    if natural_ids is None:
+        groups = torch.zeros_like(labels)
+        size = 0 if val_fraction == 0 else max(1, math.floor(total * val_fraction + 0.5))
+        sizes = torch.tensor([size])
+    else:
+        groups = torch.unique(natural_ids, return_inverse=True)[1]
+        sizes = holdout_sizes(torch.bincount(groups), val_fraction, None)
+    remaining = total - int(sizes.sum())
+    if remaining < num_clients:
+        raise ValueError(
+            f"{num_clients} clients need at least one training example each, but only {remaining} of "
+            f"{total} remain after the validation holdout: lower the partitioner's `num_partitions` or "
+            f"`val_fraction` ({val_fraction})."
+        )
+    if val_fraction == 0:
+        return torch.zeros(0, dtype=torch.int64), torch.arange(total)
+    generator = torch.Generator().manual_seed(derive_seed(seed, "val"))
+    mask = stratified_holdout(labels, groups, sizes, generator)
+    return mask.nonzero().squeeze(1), (~mask).nonzero().squeeze(1)
+
+
+def assign_partitions(
+    partitioner: Partitioner, labels: Tensor, natural_ids: Tensor | None, pool: Tensor
+) -> RaggedIndex:
+    """Partitions ``pool`` (indices into ``labels``) with ``partitioner``; checks it gave one disjoint part per client.
+
+    Raises:
+        ValueError: If the partitioner returned the wrong number of parts or gave an example to two clients.
+    """
+    num_clients = partitioner.num_partitions
+    parts = partitioner.partition(labels[pool], None if natural_ids is None else natural_ids[pool])
+    if len(parts) != num_clients:
+        raise ValueError(f"{partitioner!r} returned {len(parts)} partitions instead of {num_clients}.")
+    clients = RaggedIndex.from_parts([pool[torch.as_tensor(part, dtype=torch.int64)] for part in parts])
+    if clients.flat.numel() and torch.bincount(clients.flat).max() > 1:
+        raise ValueError(f"{partitioner!r} assigned an example to more than one client.")
+    return clients
+
+
+def hold_out_client_tests(
+    partitions: RaggedIndex, labels: Tensor, fraction: float, size: int | None, seed: int
+) -> tuple[RaggedIndex, RaggedIndex]:
+    """Splits every client's partition into (train split, test split), the test split label-stratified.
+
+    A client holds out ``round(n * fraction)`` examples, or ``size`` when given, always keeping one for training.
+    """
+    sizes = holdout_sizes(partitions.lengths(), fraction, size)
+    groups = partitions.group_ids()
+    generator = torch.Generator().manual_seed(derive_seed(seed, "client_test"))
+    held = stratified_holdout(labels[partitions.flat], groups, sizes, generator)
+    clients = RaggedIndex.from_groups(partitions.flat[~held], groups[~held], len(partitions))
+    return clients, RaggedIndex.from_groups(partitions.flat[held], groups[held], len(partitions))
+
+
+def check_no_empty_client(clients: RaggedIndex, partitioner: Partitioner) -> None:
+    """Raises a ``ValueError`` naming the settings to change when a client has no training example."""
+    empty = (clients.lengths() == 0).nonzero().squeeze(1)
+    if empty.numel():
+        raise ValueError(
+            f"{empty.numel()} of {len(clients)} clients (e.g. client {int(empty[0])}) have no training "
+            f"examples with {partitioner!r}: lower `num_partitions`, or change the partitioner's settings "
+            "that skew sizes (e.g. raise Dirichlet `alpha` or `min_partition_size`)."
+        )
+
+
+__all__ = [
+    "Layout",
+    "assign_partitions",
+    "carve_validation",
+    "check_label_range",
+    "check_no_empty_client",
+    "extract_labels",
+    "hold_out_client_tests",
+]
