@@ -354,13 +354,13 @@ def profile(args: argparse.Namespace, batch_size: int, root: str) -> None:
         "LogBuffer.log per step": get("log_buffer.py", "log"),
     }
     fit, loop = get("trainer.py", "fit"), get("loop.py", "run")
-    start, finish = get("trainer.py", "_start_federation"), get("trainer.py", "_finish_round")
+    start, finish = get("trainer.py", "start_federation"), get("trainer.py", "finish_round")
     width = 40
     print(f"\ncProfile of lightning_fed, batch {batch_size}, {args.rounds} rounds (the profiler inflates Python code):")
     print(f"  {'FederatedTrainer.fit':{width}s} {fit:8.3f} s")
     print(f"  {'round loop (_RoundLoop.run, all rounds)':{width}s} {loop:8.3f} s")
-    print(f"    {'_start_federation (once; partition plot)':{width - 2}s} {start:8.3f} s")
-    print(f"    {'_finish_round (summary JSON, logging)':{width - 2}s} {finish:8.3f} s  ({finish / (loop - start):6.1%} of the loop after start)")
+    print(f"    {'start_federation (once; partition plot)':{width - 2}s} {start:8.3f} s")
+    print(f"    {'finish_round (summary JSON, logging)':{width - 2}s} {finish:8.3f} s  ({finish / (loop - start):6.1%} of the loop after start)")
     print(f"    {'RoundRunner.run (sample, train, aggregate)':{width - 2}s} {rounds:8.3f} s")
     for label, value in parts.items():
         print(f"      {label:{width - 4}s} {value:8.3f} s  ({value / rounds:6.1%} of RoundRunner.run)")

@@ -1,13 +1,11 @@
 """Deprecated alias of :mod:`lightning_fed.federation_state`, kept for one release."""
 
-import warnings
-
+from lightning_fed.deprecation import deprecated
 from lightning_fed.federation_state import FederationState
 
-warnings.warn(
+deprecated(
     "`lightning_fed.state` was renamed to `lightning_fed.federation_state`; import from there. This alias goes in the next"
     " release.",
-    DeprecationWarning,
     stacklevel=2,
 )
 

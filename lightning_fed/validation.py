@@ -3,8 +3,7 @@
 The module holds the checks run when a fit is set up, not Lightning's validation loop, hence the new name.
 """
 
-import warnings
-
+from lightning_fed.deprecation import deprecated
 from lightning_fed.setup_checks import (
     check_fit_setup,
     check_module_setup,
@@ -13,10 +12,9 @@ from lightning_fed.setup_checks import (
     check_round_settings,
 )
 
-warnings.warn(
+deprecated(
     "`lightning_fed.validation` was renamed to `lightning_fed.setup_checks`; import from there. This alias goes in"
     " the next release.",
-    DeprecationWarning,
     stacklevel=2,
 )
 

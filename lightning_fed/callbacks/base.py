@@ -41,9 +41,9 @@ class FedCallback(Callback):
             on_client_evaluate_start     may replace ctx.initial_params with the personalised model
         on_round_end                     may add entries to the round's metrics
 
-    The loop dispatches these hooks duck-typed to every callback that defines them, and to the trainer's aggregator
-    when it defines them (an aggregator that needs client-side measurements, like q-FedAvg's loss at w_g, takes
-    them in ``on_client_train_start``). Lightning's own
+    The loop dispatches these hooks to every callback that defines them. The aggregator receives none of them: an
+    aggregator that needs a client-side measurement (q-FedAvg's loss at w_g) takes it in its own
+    ``Aggregator.probe_client``, called right after ``on_client_train_start``. Lightning's own
     hooks (``on_train_epoch_end``, ``on_validation_end``, ...) keep working beside them, with one epoch per round.
     Per-callback state that must survive a crash goes either in ``state_dict`` (server state) or in the
     ``ClientStateStore`` (per-client state); both are saved in the checkpoint.
@@ -58,10 +58,13 @@ class FedCallback(Callback):
       ``on_client_evaluate_start`` only on the rank that evaluates it.
     * Client-store entries written by the per-client hooks reach every rank before the aggregator computes (and
       after per-client evaluation), so per-client state may be read anywhere from ``on_aggregate`` on.
-    * A server accumulator summed over clients in ``on_client_end`` holds only this rank's clients: add it up
-      over ranks in ``on_aggregate`` with :func:`lightning_fed.distributed.all_reduce_sum_` (the identity in one
-      process), as SCAFFOLD and FedCurv do. ``round_ctx.rejected`` and the ``bytes_*`` counters are already
-      combined by then.
+    * A server accumulator summed over clients in the per-client hooks holds only this rank's clients. Mix
+      :class:`~lightning_fed.reduction.CrossProcessState` into the callback, declare the accumulator in
+      ``on_round_start`` with ``self.add_round_state(name, default, reduce=...)`` (``"sum"`` for tensors, numbers or
+      state dicts started at zeros of their final shape, ``"merge"`` for per-client dicts, ``"last"`` for the
+      round's last client's value), and call ``self.reduce_round_state()`` first thing in ``on_aggregate``: from
+      then on the accumulator covers every rank's clients (the identity in one process), as in SCAFFOLD and
+      FedCurv. ``round_ctx.rejected`` and the ``bytes_*`` counters are already combined by then.
 
     Attributes:
         supports_loss_scaling: Set to ``False`` by algorithms that count or edit optimizer steps (fp16 loss scaling

@@ -16,7 +16,7 @@ from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.functional.fedamp import fedamp_weights, pairwise_squared_distances, personalized_cloud_models
 from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.schedule import is_due
-from lightning_fed.store import ClientStateStore
+from lightning_fed.client_store import ClientStateStore
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer

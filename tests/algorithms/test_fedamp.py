@@ -171,7 +171,7 @@ def test_personal_metrics_are_the_stored_personalised_models_accuracies(partial_
     for cid in range(4):
         module.load_state_dict(run.fedamp.client_model(store, cid))
         result = evaluate(run.trainer, module, run.datamodule.client_test_dataloader(cid), LogBuffer())
-        assert result["test_acc"] == run.trainer.fed_runner.last_client_metrics[cid]["test_acc"]
+        assert result["test_acc"] == run.trainer.last_round_result.client_results[cid]["test_acc"]
         accuracies.append(result["test_acc"])
     assert run.trainer.federation_state.history[-1]["personal/test_acc_mean"] == pytest.approx(sum(accuracies) / 4)
     # The global (FedAvg) model is a different model: the personalised evaluation did not use it.

@@ -37,7 +37,7 @@ def _plain_finetune(module, datamodule, client_id, round_idx):
 
 def test_every_client_is_evaluated_with_its_plainly_fine_tuned_model(tmp_path):
     trainer, module, datamodule = _fit(tmp_path, [FedProx(mu=5.0), FineTune(epochs=1)])
-    per_client = trainer.fed_runner.last_client_metrics
+    per_client = trainer.last_round_result.client_results
     assert sorted(per_client) == [0, 1, 2]
     global_state = global_weights(module)
     for cid in range(3):
@@ -59,7 +59,7 @@ def test_federated_training_and_the_global_model_are_untouched(tmp_path, fedprox
         for key in ("train/loss", "train/fedprox_proximal", "global/test_acc", "global/test_loss"):
             assert round_[key] == plain_round[key], key
     # The fine-tuned models are better fits of each client's data than the global model, not the same.
-    assert trainer.fed_runner.last_client_metrics != plain_trainer.fed_runner.last_client_metrics
+    assert trainer.last_round_result.client_results != plain_trainer.last_round_result.client_results
 
 
 def test_every_n_rounds_fine_tunes_those_rounds_and_the_last(tmp_path):

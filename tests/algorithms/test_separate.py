@@ -45,7 +45,7 @@ def test_a_clients_model_does_not_depend_on_another_clients_data(tmp_path):
         for name, tensor in personal(clean, cid).items():
             assert torch.equal(personal(noisy, cid)[name], tensor), (cid, name)
     assert any(not torch.equal(personal(noisy, 1)[n], t) for n, t in personal(clean, 1).items())
-    clean_metrics, noisy_metrics = clean.fed_runner.last_client_metrics, noisy.fed_runner.last_client_metrics
+    clean_metrics, noisy_metrics = clean.last_round_result.client_results, noisy.last_round_result.client_results
     assert clean_metrics[0] == noisy_metrics[0] and clean_metrics[2] == noisy_metrics[2]
 
 

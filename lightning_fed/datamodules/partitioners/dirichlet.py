@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Literal
 
 import numpy as np
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_fed.deprecation import deprecated
 from lightning_fed.checks import InvalidArgumentError, check_choice, check_int, check_real
 from lightning_fed.datamodules.partitioners._common import labels_to_numpy, to_index_tensors
 from lightning_fed.datamodules.partitioners.base import Partitioner
@@ -84,7 +84,7 @@ class DirichletPartitioner(Partitioner):
     @property
     def partition_by(self) -> str:
         """Deprecated: ``"class"`` or ``"client"``, the old spelling of :attr:`proportions`."""
-        warnings.warn(_DEPRECATED_PARTITION_BY, DeprecationWarning, stacklevel=2)
+        deprecated(_DEPRECATED_PARTITION_BY)
         return _PARTITION_BY_OF[self.proportions]
 
     @override
@@ -168,7 +168,7 @@ def _sample_without_replacement(
 def _from_partition_by(partition_by: str, proportions: str) -> _Proportions:
     """The ``proportions`` value the deprecated ``partition_by`` stands for; warns that it is deprecated."""
     check_choice("partition_by", partition_by, tuple(_PARTITION_BY))
-    warnings.warn(_DEPRECATED_PARTITION_BY, DeprecationWarning, stacklevel=3)
+    deprecated(_DEPRECATED_PARTITION_BY, stacklevel=4)
     translated = _PARTITION_BY[partition_by]
     # `proportions` left at its default cannot be told from an explicit "per_class"; only a contradiction is an error.
     if proportions != "per_class" and proportions != translated:
