@@ -70,7 +70,7 @@ def _trainer(callbacks=(), accumulate=1):
 
 
 def test_local_trainer_dispatches_to_overriders_only_and_not_at_all_without_hooks():
-    batch, prox, recorder, apfl = callbacks = [_BatchCallback(), FedProx(mu=0.1), HookRecorder(), APFL()]
+    batch, prox, _, apfl = callbacks = [_BatchCallback(), FedProx(mu=0.1), HookRecorder(), APFL()]
     local = LocalTrainer(_trainer(callbacks), _Hooked())
     assert local._callback_hooks["on_before_optimizer_step"] == [batch]
     assert local._callback_hooks["on_train_batch_end"] == []

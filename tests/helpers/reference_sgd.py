@@ -10,7 +10,11 @@ import torch.nn.functional as F
 
 
 def reference_epoch(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, clip: float | None = None, accumulate: int = 1
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: Any,
+    clip: float | None = None,
+    accumulate: int = 1,
 ) -> None:
     """One pass over ``loader``: the mean cross-entropy of ``accumulate`` batches per step (an epoch's last batch
     ends a step), gradients clipped to norm ``clip`` before each step."""

@@ -190,7 +190,9 @@ def test_warmup_calls_no_batch_hooks_and_leaves_the_global_step(tmp_path):
     assert counter.batches == trainer.global_step > 0
 
 
-@pytest.mark.parametrize(("kwargs", "name"), [({"epochs": -1}, "epochs"), ({"epochs": 1.5}, "epochs"), ({"lr": 0}, "lr")])
+@pytest.mark.parametrize(
+    ("kwargs", "name"), [({"epochs": -1}, "epochs"), ({"epochs": 1.5}, "epochs"), ({"lr": 0}, "lr")]
+)
 def test_bad_warmup_arguments_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=f"`{name}` must be"):
         SharedDataWarmup(**kwargs)

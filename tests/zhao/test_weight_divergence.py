@@ -73,7 +73,7 @@ def _fp16(growth_interval=1):
 
 @pytest.mark.parametrize(
     "trainer_kwargs",
-    [dict(gradient_clip_val=0.05, accumulate_grad_batches=2), dict(plugins=[_fp16()])],
+    [{"gradient_clip_val": 0.05, "accumulate_grad_batches": 2}, {"plugins": [_fp16()]}],
     ids=["clipping-and-accumulation", "fp16-loss-scaling"],
 )
 def test_one_client_twin_takes_the_clients_steps(tmp_path, trainer_kwargs):
@@ -141,7 +141,8 @@ def test_twin_leaves_the_loss_scale_and_train_metrics_of_the_federated_run(tmp_p
         trainer = fast_trainer(tmp_path, num_rounds=2, clients_per_round=2, callbacks=callbacks, plugins=[_fp16()])
         trainer.fit(module, datamodule=dm)
         scale = trainer.strategy.precision_plugin.scaler.get_scale()
-        runs.append((global_weights(module), scale, [entry["train/metric_mean"] for entry in trainer.federation_state.history]))
+        metric = [entry["train/metric_mean"] for entry in trainer.federation_state.history]
+        runs.append((global_weights(module), scale, metric))
     (plain, plain_scale, plain_metric), (twinned, twinned_scale, twinned_metric) = runs
     assert twinned_scale == plain_scale and twinned_metric == plain_metric
     for name, tensor in plain.items():
