@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor
 from torch.optim import Optimizer
-from torchmetrics import Metric
 from typing_extensions import override
 
 from lightning_fed.callbacks.personalized import PersonalizedCallback
-from lightning_fed.client import ClientContext, ClientUpdate, StateDict
+from lightning_fed.checks import check_bool, check_choice, check_real
+from lightning_fed.client import ClientContext, ClientUpdate
 from lightning_fed.functional.apfl import alpha_gradient, alpha_step, mix, personal_step_
-from lightning_fed.functional.state_dict import copy_state_
-from lightning_fed.log_buffer import LogBuffer, buffered_logging
+from lightning_fed.functional.state_dict import StateDict, copy_state_
+from lightning_fed.local_training import isolated_pass, step_gradient
 from lightning_fed.seeding import derive_seed, seed_torch
 
 if TYPE_CHECKING:
@@ -53,7 +51,9 @@ class APFL(PersonalizedCallback):
           nothing), and :math:`w` is restored exactly. That pass runs under an RNG of its own, derived from
           ``(seed, "apfl", round, client, step)``, and its ``self.log`` values and torchmetrics states are
           discarded, so the global model, its ``train/*`` metrics and its dropout masks are bit-identical to
-          FedAvg's. With gradient accumulation the step's batches are averaged as the loop averages them.
+          FedAvg's. The gradient is the local step's own (:func:`~lightning_fed.local_training.step_gradient`:
+          the precision context, and under gradient accumulation the step's batches averaged as the step averages
+          them).
         * :math:`η` is the optimizer's current learning rate (its first parameter group, read at every step, so
           schedulers apply), as in the paper, which uses one step size for :math:`w`, :math:`v` and :math:`α`.
           :math:`v` and :math:`α` take plain SGD steps: no momentum, weight decay or gradient clipping (those
@@ -90,14 +90,11 @@ class APFL(PersonalizedCallback):
     def __init__(
         self, alpha: float = 0.25, learn_alpha: bool = True, evaluate_with: Literal["local", "global"] = "local"
     ) -> None:
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"`alpha` must be a number in [0, 1], got {alpha!r}.")
-        if not isinstance(learn_alpha, bool):
-            raise ValueError(f"`learn_alpha` must be True or False, got {learn_alpha!r}.")
-        if evaluate_with not in _EVALUATE_WITH:
-            raise ValueError(f"`evaluate_with` must be one of {_EVALUATE_WITH}, got {evaluate_with!r}.")
+        alpha = check_real("alpha", alpha, minimum=0.0, maximum=1.0)
+        learn_alpha = check_bool("learn_alpha", learn_alpha)
+        evaluate_with = check_choice("evaluate_with", evaluate_with, _EVALUATE_WITH)
         super().__init__("apfl")
-        self.alpha = float(alpha)
+        self.alpha: float = alpha
         self.learn_alpha = learn_alpha
         self.evaluate_with = evaluate_with
         # The training client's state, on the training device, between on_client_train_start and on_client_end.
@@ -129,7 +126,12 @@ class APFL(PersonalizedCallback):
 
     @override
     def client_loss(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, batch: Any, batch_idx: int
+        self,
+        trainer: FederatedTrainer,
+        pl_module: LightningModule,
+        client_ctx: ClientContext,
+        batch: Any,
+        batch_idx: int,
     ) -> None:
         # The batch is needed at the optimizer step, where w and the step's batches are all known.
         self._batches.append((batch, batch_idx))
@@ -161,7 +163,8 @@ class APFL(PersonalizedCallback):
             new_alpha = alpha
         personal_step_(self._personal, grads, alpha, lr)
         self._alpha = new_alpha
-        pl_module.log("apfl_personal_loss", loss)
+        if loss is not None:
+            pl_module.log("apfl_personal_loss", loss)
         pl_module.log("apfl_alpha", new_alpha.float())
 
     def _gradient_at_mixture(
@@ -171,26 +174,13 @@ class APFL(PersonalizedCallback):
         client_ctx: ClientContext,
         batches: list[tuple[Any, int]],
         params: dict[str, Tensor],
-    ) -> tuple[dict[str, Tensor], Tensor]:
-        """∇f at the parameters the module holds (v̄), over the step's batches, and the mean loss."""
-        accumulate = max(1, int(trainer.accumulate_grad_batches))
-        names, leaves = list(params), list(params.values())
-        grads = {name: torch.zeros_like(p) for name, p in params.items()}
-        losses = []
-        seed = derive_seed(trainer.federation_state.seed, "apfl", client_ctx.round_idx, client_ctx.client_id, client_ctx.num_steps)
-        precision = trainer.strategy.precision_plugin
-        with _isolated(pl_module, leaves[0].device), torch.enable_grad():
+    ) -> tuple[dict[str, Tensor], Tensor | None]:
+        """∇f at the parameters the module holds (v̄), over the step's batches, and the mean loss, leaving no trace."""
+        state = trainer.federation_state
+        seed = derive_seed(state.seed, "apfl", client_ctx.round_idx, client_ctx.client_id, client_ctx.num_steps)
+        with isolated_pass(pl_module):
             seed_torch(seed)
-            for batch, batch_idx in batches:
-                with precision.train_step_context():
-                    output = pl_module.training_step(batch, batch_idx)
-                loss = output["loss"] if isinstance(output, Mapping) else output
-                step_grads = torch.autograd.grad(loss / accumulate, leaves, allow_unused=True)
-                for name, grad in zip(names, step_grads):
-                    if grad is not None:
-                        grads[name].add_(grad.to(grads[name].dtype))
-                losses.append(loss.detach().float())
-        return grads, torch.stack(losses).mean()
+            return step_gradient(trainer, pl_module, batches, params)
 
     @override
     def on_client_end(
@@ -234,30 +224,6 @@ def _live_split(pl_module: LightningModule) -> tuple[dict[str, Tensor], dict[str
     params = {name: t for name, t in live.items() if name in trainable}
     buffers = {name: t for name, t in live.items() if name not in parameter_names}
     return params, buffers
-
-
-@contextmanager
-def _isolated(pl_module: LightningModule, device: torch.device) -> Iterator[None]:
-    """Runs a side pass that leaves no trace: the RNG, ``self.log`` and torchmetrics states are restored after."""
-    metrics = [m for m in pl_module.modules() if isinstance(m, Metric)]
-    saved = [_metric_snapshot(m) for m in metrics]
-    devices = [device] if device.type == "cuda" else []
-    try:
-        with torch.random.fork_rng(devices=devices), buffered_logging(pl_module, LogBuffer()):
-            yield
-    finally:
-        for metric, snapshot in zip(metrics, saved):
-            for name, value in snapshot.items():
-                setattr(metric, name, value)
-
-
-def _metric_snapshot(metric: Metric) -> dict[str, Any]:
-    state = {name: (v.clone() if isinstance(v, Tensor) else list(v)) for name, v in metric.metric_state.items()}
-    # The update count and the cached result decide what compute() returns next; they belong to the snapshot.
-    for name in ("_update_count", "_computed"):
-        if hasattr(metric, name):
-            state[name] = getattr(metric, name)
-    return state
 
 
 __all__ = ["APFL"]

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lightning.pytorch import LightningModule
-from torch.optim import Optimizer
+from typing_extensions import override
 
 from lightning_fed.callbacks.base import FedCallback
+from lightning_fed.checks import check_int, check_real
 from lightning_fed.client import RoundContext
-from lightning_fed.datamodules.sharing import is_positive_number
-from lightning_fed.log_buffer import LogBuffer, batch_size_of, buffered_logging
-from lightning_fed.local_training import clip_and_step
+from lightning_fed.local_training import LocalTrainer
 from lightning_fed.seeding import derive_seed, seed_torch
 
 if TYPE_CHECKING:
@@ -28,8 +26,10 @@ class SharedDataWarmup(FedCallback):
     At ``on_train_start`` (before round 0; the module holds the global model between rounds, so training it in
     place makes the warm-up model the initial global model) the module trains for ``epochs`` passes over
     ``trainer.datamodule.shared_dataloader`` with the trainer's optimizer (fresh state, restored afterwards to the
-    trainer's learning rate) with Lightning's step semantics (precision context, gradient clipping); federated hooks
-    such as FedProx's ``client_loss`` are not applied, as the warm-up is server-side training. Epoch e's order is
+    trainer's learning rate), taking a client's steps (:meth:`~lightning_fed.local_training.LocalTrainer.fit`: the
+    precision context and loss scaling, ``accumulate_grad_batches`` and gradient clipping as the trainer sets them).
+    No hooks run: federated ones such as FedProx's ``client_loss`` do not apply, as the warm-up is server-side
+    training, and Lightning's batch hooks are kept for the clients' steps. Epoch e's order is
     seeded by ``derive_seed(run seed, "warmup", e)`` and its dropout masks by ``derive_seed(run seed, "warmup",
     "torch", e)``. A resumed run (``completed_rounds > 0``) already holds the warmed-up model and skips it; with
     β = 0 (G empty) there is nothing to train on and the warm-up is skipped too.
@@ -46,14 +46,11 @@ class SharedDataWarmup(FedCallback):
     """
 
     def __init__(self, epochs: int | None = None, lr: float | None = None) -> None:
-        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0):
-            raise ValueError(f"`epochs` must be an integer >= 0 or None, got {epochs!r}.")
-        if lr is not None and not is_positive_number(lr):
-            raise ValueError(f"`lr` must be a finite positive number or None, got {lr!r}.")
-        self.epochs = epochs
-        self.lr = lr
+        self.epochs: int | None = check_int("epochs", epochs, minimum=0, allow_none=True)
+        self.lr: float | None = check_real("lr", lr, minimum=0.0, exclusive_minimum=True, allow_none=True)
         self.metrics: dict[str, float] = {}
 
+    @override
     def on_train_start(self, trainer: FederatedTrainer, pl_module: LightningModule) -> None:
         datamodule = trainer.datamodule
         sharing = getattr(datamodule, "sharing", None)
@@ -78,21 +75,18 @@ class SharedDataWarmup(FedCallback):
         seed = trainer.resolve_seed()
         optimizer = trainer.optimizers[0]
         saved_lrs = [group["lr"] for group in optimizer.param_groups]
-        buffer = LogBuffer()
+        # No hooks: the warm-up is server-side training, not a client's (no client_loss, no batch callbacks).
+        central = LocalTrainer(trainer, module, hooks=False)
         metrics: dict[str, float] = {}
         try:
             optimizer.state.clear()
             if lr is not None:
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-            module.train()
-            with buffered_logging(module, buffer):
-                for epoch in range(epochs):
-                    loader = trainer.datamodule.shared_dataloader(seed=derive_seed(seed, "warmup", epoch))
-                    seed_torch(derive_seed(seed, "warmup", "torch", epoch))
-                    for batch_idx, batch in enumerate(loader):
-                        _step(trainer, module, optimizer, buffer, batch, batch_idx)
-                    metrics = buffer.compute()
+            for epoch in range(epochs):
+                loader = trainer.datamodule.shared_dataloader(seed=derive_seed(seed, "warmup", epoch))
+                seed_torch(derive_seed(seed, "warmup", "torch", epoch))
+                metrics = central.fit(loader, optimizer, epochs=1)
         finally:
             optimizer.state.clear()
             optimizer.zero_grad(set_to_none=True)
@@ -100,30 +94,10 @@ class SharedDataWarmup(FedCallback):
                 group["lr"] = saved
         return {f"warmup/{key}": value for key, value in metrics.items()}
 
+    @override
     def on_round_end(
         self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
     ) -> None:
         if round_ctx.round_idx == 0:
             metrics.update(self.metrics)
 
-
-def _step(trainer: FederatedTrainer, module: LightningModule, optimizer: Optimizer, buffer: LogBuffer, batch: Any,
-          batch_idx: int) -> None:
-    """One central step: ``training_step`` under the precision context, backward, clipping, optimizer step.
-
-    Federated hooks (``client_loss`` etc.) are not called: the warm-up is server-side training, not a client's.
-    """
-    batch = trainer.strategy.batch_to_device(batch)
-    buffer.current_batch_size = batch_size_of(batch)
-    precision = trainer.strategy.precision_plugin
-    with precision.train_step_context():
-        output = module.training_step(batch, batch_idx)
-    loss = output["loss"] if isinstance(output, Mapping) else output
-    if loss is None:
-        return
-    scaler = getattr(precision, "scaler", None)
-    module.backward(scaler.scale(loss) if scaler is not None else loss)
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    clip_and_step(trainer, module, optimizer, scaler)
-    optimizer.zero_grad(set_to_none=True)

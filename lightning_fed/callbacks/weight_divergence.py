@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch import LightningModule
-from torch import Tensor
 from typing_extensions import override
 
 from lightning_fed.callbacks.base import FedCallback
-from lightning_fed.client import RoundContext, StateDict
+from lightning_fed.checks import check_int
+from lightning_fed.client import RoundContext
 from lightning_fed.functional.divergence import total_weight_divergence, weight_divergence
-from lightning_fed.functional.state_dict import clone_state, copy_state_
-from lightning_fed.log_buffer import LogBuffer, buffered_logging
+from lightning_fed.functional.state_dict import StateDict, clone_state, copy_state_
+from lightning_fed.local_training import LocalTrainer, isolated_pass
+from lightning_fed.schedule import is_due
 from lightning_fed.seeding import derive_seed, seed_torch
 
 if TYPE_CHECKING:
@@ -45,15 +46,17 @@ class WeightDivergence(FedCallback):
           per round give the same decay);
         * advances ``local_epochs`` passes over the pooled data per round; with ``local_steps`` = S it takes S
           steps of batch :math:`B \cdot K`, i.e. it sees as many examples as the K clients together;
-        * shuffles with the first sampled client's data seed and seeds torch with that client's torch seed (forking
-          the RNG, so the federated run is unchanged). With one client holding all the data this replays the
-          client's batches and dropout masks exactly, so the divergence is 0 up to float rounding;
+        * takes a client's steps (:meth:`~lightning_fed.local_training.LocalTrainer.fit`: the precision context and
+          loss scaling, ``accumulate_grad_batches`` and gradient clipping as the trainer sets them), with no hooks;
+        * shuffles with the first sampled client's data seed and seeds torch with that client's torch seed. The pass
+          leaves no trace on the federated run: the RNG is forked, what the module logs is discarded, and its
+          torchmetrics states and the AMP grad scaler's state are restored. With one client holding all the data
+          this replays the client's batches and dropout masks exactly, so the divergence is 0 up to float rounding;
         * is trained in ``on_round_start`` (before the clients), so a checkpoint taken at validation end holds a
           twin that matches the federated model of the same round; resumed runs stay bit-identical.
 
     It runs on the live module (weights swapped in and restored), which keeps device, precision and logging as the
-    clients have them without copying the trainer a deep copy would drag along. Gradient accumulation and
-    clipping are not applied to the twin.
+    clients have them without copying the trainer a deep copy would drag along.
 
     Logged after each ``every_n_rounds``-th round and the last: ``divergence/<name>`` for every trainable
     parameter tensor (``named_parameters`` names, e.g. ``net.0.weight``; buffers are left out) and
@@ -65,9 +68,7 @@ class WeightDivergence(FedCallback):
     """
 
     def __init__(self, every_n_rounds: int = 1) -> None:
-        if not isinstance(every_n_rounds, int) or isinstance(every_n_rounds, bool) or every_n_rounds < 1:
-            raise ValueError(f"`every_n_rounds` must be an integer >= 1, got {every_n_rounds!r}.")
-        self.every_n_rounds = every_n_rounds
+        self.every_n_rounds: int = check_int("every_n_rounds", every_n_rounds, minimum=1)
         self._twin: StateDict = {}
         self._names: list[str] = []
 
@@ -93,8 +94,7 @@ class WeightDivergence(FedCallback):
     def on_round_end(
         self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
     ) -> None:
-        round_number = round_ctx.round_idx + 1
-        if round_number % self.every_n_rounds and round_number != trainer.num_rounds:
+        if not is_due(round_ctx.round_idx + 1, self.every_n_rounds, trainer.num_rounds):
             return
         current = pl_module.state_dict()
         per_tensor = weight_divergence(current, self._twin, self._names)
@@ -129,50 +129,19 @@ class WeightDivergence(FedCallback):
         loader = _pooled_loader(trainer, len(round_ctx.client_ids), derive_seed(seed, "data", round_idx, first))
         params = [p for p in pl_module.parameters() if p.requires_grad]
         optimizer = torch.optim.SGD(params, lr=lr)
+        # No hooks: no callback should mistake the twin's steps for a client's, and no client_loss term applies.
+        central = LocalTrainer(trainer, pl_module, hooks=False)
         try:
             copy_state_(live, self._twin)
-            rng = _forked_rng(derive_seed(seed, "torch", round_idx, first))
-            with rng, buffered_logging(pl_module, LogBuffer()):
-                pl_module.train()
-                for batch_idx, batch in _batches(loader, trainer.local_epochs, trainer.local_steps):
-                    _sgd_step(trainer, pl_module, optimizer, batch, batch_idx)
+            with isolated_pass(pl_module), _kept_scaler(trainer):
+                seed_torch(derive_seed(seed, "torch", round_idx, first))
+                central.fit(loader, optimizer, trainer.local_epochs, trainer.local_steps)
             self._twin = {name: t.detach().to("cpu", copy=True) for name, t in live.items()}
         finally:
             copy_state_(live, saved)
             pl_module.train(was_training)
             for p in params:
                 p.grad = None
-
-
-def _sgd_step(
-    trainer: FederatedTrainer, module: LightningModule, optimizer: torch.optim.Optimizer, batch: Any, batch_idx: int
-) -> None:
-    if trainer.strategy.root_device.type != "cpu":
-        batch = trainer.strategy.batch_to_device(batch)
-    with trainer.strategy.precision_plugin.train_step_context():
-        output = module.training_step(batch, batch_idx)
-    loss: Tensor | None = output["loss"] if isinstance(output, dict) else output
-    if loss is None:
-        return
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-def _batches(loader: Any, local_epochs: int | None, local_steps: int | None) -> Iterator[tuple[int, Any]]:
-    """``local_epochs`` passes over ``loader``, or ``local_steps`` batches (cycling), as a client does."""
-    if len(loader) == 0:
-        return
-    steps = epoch = 0
-    while True:
-        for batch_idx, batch in enumerate(loader):
-            yield batch_idx, batch
-            steps += 1
-            if local_steps is not None and steps >= local_steps:
-                return
-        epoch += 1
-        if local_epochs is not None and epoch >= local_epochs:
-            return
 
 
 def _pooled_loader(trainer: FederatedTrainer, num_clients: int, seed: int) -> Any:
@@ -188,12 +157,18 @@ def _pooled_loader(trainer: FederatedTrainer, num_clients: int, seed: int) -> An
 
 
 @contextmanager
-def _forked_rng(seed: int) -> Iterator[None]:
-    """Seeds torch as a client's training does, and restores the generators afterwards."""
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
-        seed_torch(seed)
+def _kept_scaler(trainer: FederatedTrainer) -> Iterator[None]:
+    """Restores the AMP grad scaler's scale and growth tracker after the block, so the twin's steps (its own
+    overflows included) do not shift the loss scale of the clients' steps."""
+    scaler = getattr(trainer.strategy.precision_plugin, "scaler", None)
+    if scaler is None or not scaler.is_enabled():
         yield
+        return
+    saved = scaler.state_dict()
+    try:
+        yield
+    finally:
+        scaler.load_state_dict(saved)
 
 
 def _run_dir(trainer: FederatedTrainer) -> Path:

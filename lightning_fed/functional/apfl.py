@@ -20,7 +20,9 @@ import torch
 from torch import Tensor
 
 
-def mix(personal: Mapping[str, Tensor], global_params: Mapping[str, Tensor], alpha: float | Tensor) -> dict[str, Tensor]:
+def mix(
+    personal: Mapping[str, Tensor], global_params: Mapping[str, Tensor], alpha: float | Tensor
+) -> dict[str, Tensor]:
     """:math:`\\bar v = α v + (1 - α) w`, entry by entry over the keys of ``personal``."""
     return {name: alpha * v + (1 - alpha) * global_params[name] for name, v in personal.items()}
 
@@ -45,7 +47,9 @@ def alpha_step(alpha: Tensor, gradient: Tensor, lr: float) -> Tensor:
 
 
 @torch.no_grad()
-def personal_step_(personal: Mapping[str, Tensor], grads: Mapping[str, Tensor], alpha: float | Tensor, lr: float) -> None:
+def personal_step_(
+    personal: Mapping[str, Tensor], grads: Mapping[str, Tensor], alpha: float | Tensor, lr: float
+) -> None:
     """:math:`v \\leftarrow v - η\\,α\\,\\nabla f(\\bar v)` in place (the chain rule's α included)."""
     for name, grad in grads.items():
         personal[name].sub_(lr * alpha * grad)

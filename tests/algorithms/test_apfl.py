@@ -88,6 +88,27 @@ def test_one_client_follows_the_papers_recurrence_with_autograd_gradients(tmp_pa
     assert any(not torch.allclose(entry["v"][n], w[n]) for n in w), "v must have moved away from w"
 
 
+def test_side_pass_follows_the_recurrence_when_an_epoch_ends_mid_accumulation(tmp_path):
+    # The epoch's last step holds fewer than `accumulate` batches; the side pass must scale them as the client's
+    # step does (each batch's loss over `accumulate`, as Lightning does), or v and alpha drift from the recurrence.
+    L.seed_everything(0)
+    module = BoringClassifier(lr=LR)
+    w0 = {n: p.detach().clone() for n, p in module.named_parameters()}
+    recorder, apfl = BatchRecorder(), APFL(alpha=0.3)
+    trainer = fast_trainer(
+        tmp_path, num_rounds=1, clients_per_round=1, local_epochs=1, accumulate_grad_batches=4,
+        callbacks=[recorder, apfl],
+    )
+    trainer.fit(module, datamodule=make_datamodule(num_clients=1, num_samples=120))
+    assert len(recorder.batches) % 4 != 0
+    w, v, alpha = _reference(w0, recorder.batches, 0.3, 4)
+    entry = trainer.federation_state.store.get("apfl", 0)
+    assert entry["alpha"].item() == pytest.approx(alpha, rel=1e-5, abs=1e-7)
+    for name, tensor in module.named_parameters():
+        torch.testing.assert_close(tensor.detach(), w[name], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(entry["v"][name], v[name], rtol=1e-5, atol=1e-6)
+
+
 def _fit(tmp_path, callbacks, module_cls=MetricModule, rounds=2):
     L.seed_everything(0)
     module = module_cls(lr=LR, batch_norm=True, dropout=0.2, momentum=0.9)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from helpers.boring import BoringClassifier, FedCallback, fast_trainer, global_weights, make_datamodule
+from helpers.reference_sgd import reference_epoch
 from lightning_fed.callbacks.warmup import SharedDataWarmup
 from lightning_fed.datamodules import DataSharing, IidPartitioner, ShardPartitioner
 from lightning_fed.datamodules.sharing import global_set_size
@@ -147,3 +148,51 @@ def test_beta_zero_shares_nothing_and_skips_the_warmup(tmp_path):
     trainer.fit(module, datamodule=dm)
     assert all(torch.equal(recorder.params[name], tensor) for name, tensor in initial.items())
     assert trainer.federation_state.history[0]["sharing/global_set_size"] == 0
+
+
+def test_warmup_takes_a_clients_steps_with_clipping_and_accumulation(tmp_path):
+    # G holds 80 examples: 5 batches of 16, so accumulating 2 also ends each epoch with a step of one batch.
+    dm = _datamodule(warmup_epochs=2, partitioner=IidPartitioner(4, seed=0))
+    torch.manual_seed(0)
+    module = BoringClassifier(lr=0.5, dropout=0.2)
+    expected, unclipped = copy.deepcopy(module), copy.deepcopy(module)
+    for reference, clip, accumulate in ((expected, 0.05, 2), (unclipped, None, 1)):
+        optimizer = reference.configure_optimizers()
+        for epoch in range(2):
+            loader = dm.shared_dataloader(seed=derive_seed(7, "warmup", epoch))
+            seed_torch(derive_seed(7, "warmup", "torch", epoch))
+            reference_epoch(reference, optimizer, loader, clip=clip, accumulate=accumulate)
+    recorder = _InitialGlobal()
+    trainer = fast_trainer(
+        tmp_path, num_rounds=1, seed=7, gradient_clip_val=0.05, accumulate_grad_batches=2,
+        callbacks=[SharedDataWarmup(), recorder],
+    )
+    trainer.fit(module, datamodule=dm)
+    for name, tensor in expected.state_dict().items():
+        assert torch.equal(recorder.params[name], tensor), name
+    assert any(not torch.allclose(expected.state_dict()[n], t) for n, t in unclipped.state_dict().items())
+
+
+class _BatchCounter(FedCallback):
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.batches += 1
+
+
+def test_warmup_calls_no_batch_hooks_and_leaves_the_global_step(tmp_path):
+    counter = _BatchCounter()
+    trainer = fast_trainer(tmp_path, num_rounds=1, callbacks=[SharedDataWarmup(), counter])
+    trainer.fit(BoringClassifier(), datamodule=_datamodule(warmup_epochs=2))
+    assert "warmup/train_loss" in trainer.federation_state.history[0]
+    # Only the clients' steps count: one batch per step without accumulation.
+    assert counter.batches == trainer.global_step > 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"), [({"epochs": -1}, "epochs"), ({"epochs": 1.5}, "epochs"), ({"lr": 0}, "lr")]
+)
+def test_bad_warmup_arguments_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=f"`{name}` must be"):
+        SharedDataWarmup(**kwargs)

@@ -1,3 +1,4 @@
+import copy
 import math
 from types import SimpleNamespace
 
@@ -5,11 +6,15 @@ import lightning.pytorch as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.precision import MixedPrecision
+from torchmetrics import MeanMetric
 
 from helpers.boring import NUM_CLASSES, BoringClassifier, fast_trainer, global_weights, make_datamodule
+from helpers.reference_sgd import reference_epoch
 from lightning_fed.callbacks.weight_divergence import WeightDivergence
 from lightning_fed.datamodules import IidPartitioner, ShardPartitioner
 from lightning_fed.functional.divergence import total_weight_divergence, weight_divergence
+from lightning_fed.seeding import derive_seed, seed_torch
 
 
 def test_weight_divergence_matches_eq_1_by_hand():
@@ -33,13 +38,14 @@ def test_weight_divergence_edge_cases_and_errors():
         weight_divergence({"z": torch.zeros(2)}, zero, ["z"])
 
 
-def _fit(tmp_path, partitioner, num_rounds=3, clients=None, lr=0.1, **kwargs):
+def _fit(tmp_path, partitioner, num_rounds=3, clients=None, lr=0.1, trainer_kwargs=None, **kwargs):
     dm = make_datamodule(num_clients=partitioner.num_partitions, partitioner=partitioner, batch_size=16)
     L.seed_everything(0)
     module = BoringClassifier(lr=lr, **kwargs)
     callback = WeightDivergence()
     trainer = fast_trainer(
-        tmp_path, num_rounds=num_rounds, clients_per_round=clients or partitioner.num_partitions, callbacks=[callback]
+        tmp_path, num_rounds=num_rounds, clients_per_round=clients or partitioner.num_partitions, callbacks=[callback],
+        **(trainer_kwargs or {}),
     )
     trainer.fit(module, datamodule=dm)
     return trainer, callback, module
@@ -59,6 +65,61 @@ def test_one_client_with_all_data_has_zero_divergence(tmp_path):
     assert list(tmp_path.glob("runs/*/weight_divergence.png"))
 
 
+def _fp16(growth_interval=1):
+    # A scale that doubles after every finite step (and halves on overflow) makes any extra or missed step visible.
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=growth_interval)
+    return MixedPrecision("16-mixed", "cpu", scaler=scaler)
+
+
+@pytest.mark.parametrize(
+    "trainer_kwargs",
+    [{"gradient_clip_val": 0.05, "accumulate_grad_batches": 2}, {"plugins": [_fp16()]}],
+    ids=["clipping-and-accumulation", "fp16-loss-scaling"],
+)
+def test_one_client_twin_takes_the_clients_steps(tmp_path, trainer_kwargs):
+    # The twin's steps are a client's steps: clipping, accumulation and loss scaling included, so one client's
+    # divergence stays exactly 0 with each of them.
+    trainer, callback, module = _fit(
+        tmp_path, IidPartitioner(num_partitions=1, seed=0), num_rounds=2, dropout=0.2, trainer_kwargs=trainer_kwargs
+    )
+    assert [entry["divergence/total"] for entry in trainer.federation_state.history] == [0.0, 0.0]
+    for name, tensor in global_weights(module).items():
+        assert torch.equal(callback.twin_state[name], tensor), name
+
+
+def test_twin_is_a_direct_sgd_pass_with_clipping_and_accumulation(tmp_path):
+    dm = make_datamodule(num_clients=4)
+    L.seed_everything(0)
+    module = BoringClassifier(lr=0.5, momentum=0.9, dropout=0.2)
+    expected = copy.deepcopy(module)
+    callback = WeightDivergence()
+    trainer = fast_trainer(
+        tmp_path, num_rounds=1, clients_per_round=2, gradient_clip_val=0.05, accumulate_grad_batches=3,
+        callbacks=[callback],
+    )
+    trainer.fit(module, datamodule=dm)
+    # Round 0's twin: the pooled data in batches of B * K = 32, the first client's seeds, plain SGD at lr 0.5.
+    seed, first = trainer.federation_state.seed, trainer.sampler.sample(0, 4)[0]
+    pooled = copy.copy(dm)
+    pooled.batch_size, pooled.seed = 32, derive_seed(seed, "data", 0, first)
+    seed_torch(derive_seed(seed, "torch", 0, first))
+    reference_epoch(expected, torch.optim.SGD(expected.parameters(), lr=0.5), pooled.train_dataloader(), 0.05, 3)
+    for name, tensor in expected.state_dict().items():
+        assert torch.equal(callback.twin_state[name], tensor), name
+
+
+class _MetricModule(BoringClassifier):
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.train_mean = MeanMetric()
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.train_mean.update(loss.detach())
+        self.log("train_metric_mean", self.train_mean)
+        return loss
+
+
 def test_twin_does_not_change_the_federated_run(tmp_path):
     dm = make_datamodule(num_clients=4)
     weights = []
@@ -69,6 +130,23 @@ def test_twin_does_not_change_the_federated_run(tmp_path):
         weights.append(global_weights(module))
     for name, tensor in weights[0].items():
         assert torch.equal(weights[1][name], tensor), name
+
+
+def test_twin_leaves_the_loss_scale_and_train_metrics_of_the_federated_run(tmp_path):
+    dm = make_datamodule(num_clients=4)
+    runs = []
+    for callbacks in ([], [WeightDivergence()]):
+        L.seed_everything(0)
+        module = _MetricModule(dropout=0.3)
+        trainer = fast_trainer(tmp_path, num_rounds=2, clients_per_round=2, callbacks=callbacks, plugins=[_fp16()])
+        trainer.fit(module, datamodule=dm)
+        scale = trainer.strategy.precision_plugin.scaler.get_scale()
+        metric = [entry["train/metric_mean"] for entry in trainer.federation_state.history]
+        runs.append((global_weights(module), scale, metric))
+    (plain, plain_scale, plain_metric), (twinned, twinned_scale, twinned_metric) = runs
+    assert twinned_scale == plain_scale and twinned_metric == plain_metric
+    for name, tensor in plain.items():
+        assert torch.equal(twinned[name], tensor), name
 
 
 def test_divergence_grows_with_label_skew(tmp_path):

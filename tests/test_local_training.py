@@ -1,0 +1,142 @@
+"""The one local-training primitive: hook dispatch by Lightning's ``is_overridden``, ``step_gradient`` and
+``isolated_pass``."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, Timer, TQDMProgressBar
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torchmetrics import MeanMetric
+
+from helpers.boring import BoringClassifier, HookRecorder
+from lightning_fed.aggregators import FedAvg
+from lightning_fed.callbacks import APFL, FedProx, Scaffold, WeightDivergence
+from lightning_fed.callbacks.base import FedCallback
+from lightning_fed.local_training import _BATCH_HOOKS, _TRANSFER_HOOKS, LocalTrainer, isolated_pass, step_gradient
+from lightning_fed.log_buffer import LogBuffer, buffered_logging
+
+
+def _by_identity(obj, base, hook):
+    """The check LocalTrainer made for Lightning's hooks before it used Lightning's is_overridden."""
+    return getattr(type(obj), hook, None) is not getattr(base, hook, None)
+
+
+def _federated_by_identity(obj, hook):
+    """The check it made for federated hooks, on callbacks and on the aggregator (which is no FedCallback)."""
+    method = getattr(type(obj), hook, None)
+    return method is not None and method is not getattr(FedCallback, hook)
+
+
+class _Hooked(BoringClassifier):
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        pass
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        return batch
+
+
+class _Inherited(_Hooked):
+    pass
+
+
+class _BatchCallback(Callback):
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        pass
+
+
+def _callbacks():
+    return [
+        ModelCheckpoint(), EarlyStopping(monitor="val_loss"), LearningRateMonitor(), Timer(), TQDMProgressBar(),
+        HookRecorder(), _BatchCallback(), APFL(), FedProx(mu=0.1), Scaffold(), WeightDivergence(),
+    ]
+
+
+def test_is_overridden_answers_as_the_identity_check_did():
+    for callback in _callbacks():
+        for hook in _BATCH_HOOKS:
+            assert is_overridden(hook, callback, Callback) == _by_identity(callback, Callback, hook), (callback, hook)
+    for module in (BoringClassifier(), _Hooked(), _Inherited()):
+        for hook in (*_BATCH_HOOKS, *_TRANSFER_HOOKS):
+            expected = _by_identity(module, LightningModule, hook)
+            assert is_overridden(hook, module, LightningModule) == expected, (module, hook)
+    for obj in [*_callbacks(), FedAvg()]:
+        for hook in ("client_loss", "on_client_before_optimizer_step"):
+            assert is_overridden(hook, obj, FedCallback) == _federated_by_identity(obj, hook), (obj, hook)
+
+
+def _trainer(callbacks=(), accumulate=1):
+    strategy = SimpleNamespace(precision_plugin=Precision(), root_device=torch.device("cpu"))
+    return SimpleNamespace(
+        callbacks=list(callbacks), aggregator=FedAvg(), strategy=strategy, accumulate_grad_batches=accumulate
+    )
+
+
+def test_local_trainer_dispatches_to_overriders_only_and_not_at_all_without_hooks():
+    batch, prox, _, apfl = callbacks = [_BatchCallback(), FedProx(mu=0.1), HookRecorder(), APFL()]
+    local = LocalTrainer(_trainer(callbacks), _Hooked())
+    assert local._callback_hooks["on_before_optimizer_step"] == [batch]
+    assert local._callback_hooks["on_train_batch_end"] == []
+    assert local._module_hooks["on_train_batch_end"] and not local._module_hooks["on_train_batch_start"]
+    assert local._loss_terms == [apfl] and local._grad_hooks == [prox, apfl]
+    assert local._needs_transfer  # the module's own transfer hook must run, even on the CPU
+    central = LocalTrainer(_trainer(callbacks), _Hooked(), hooks=False)
+    assert not any(central._callback_hooks.values()) and not any(central._module_hooks.values())
+    assert central._loss_terms == central._grad_hooks == []
+
+
+def _batches(count):
+    generator = torch.Generator().manual_seed(0)
+    return [
+        ((torch.randn(5, 8, generator=generator), torch.randint(0, 4, (5,), generator=generator)), i)
+        for i in range(count)
+    ]
+
+
+def test_step_gradient_is_the_accumulated_steps_gradient_and_leaves_grad_alone():
+    torch.manual_seed(0)
+    module = BoringClassifier()
+    params = dict(module.named_parameters())
+    for p in params.values():
+        p.grad = torch.full_like(p, 7.0)  # the local model's own gradient, mid-step
+    batches = _batches(3)
+    with buffered_logging(module, LogBuffer()):
+        grads, loss = step_gradient(_trainer(accumulate=3), module, batches, params)
+    losses = [F.cross_entropy(module(x), y) for (x, y), _ in batches]
+    expected = torch.autograd.grad(sum(losses) / 3, list(params.values()))
+    for (name, grad), reference in zip(grads.items(), expected):
+        torch.testing.assert_close(grad, reference, msg=name)
+    assert loss.item() == pytest.approx((sum(losses) / 3).item(), rel=1e-6)
+    assert all(torch.equal(p.grad, torch.full_like(p, 7.0)) for p in params.values())
+
+
+def test_step_gradient_skips_batches_whose_step_returns_none():
+    class Skipping(BoringClassifier):
+        def training_step(self, batch, batch_idx):
+            return None
+
+    module = Skipping()
+    grads, loss = step_gradient(_trainer(), module, _batches(2), dict(module.named_parameters()))
+    assert loss is None and all(not g.any() for g in grads.values())
+
+
+def test_isolated_pass_restores_rng_metrics_and_logging():
+    module = BoringClassifier()
+    module.metric = MeanMetric()
+    module.metric.update(torch.tensor(1.0))
+    outer = LogBuffer()
+    with buffered_logging(module, outer):
+        torch.manual_seed(3)
+        with isolated_pass(module):
+            torch.rand(5)
+            module.metric.update(torch.tensor(100.0))
+            module.log("inside", 1.0)
+        draw = torch.rand(1)
+        module.log("outside", 2.0)
+    torch.manual_seed(3)
+    assert torch.equal(draw, torch.rand(1))
+    assert module.metric.compute().item() == 1.0
+    assert outer.compute() == {"outside": 2.0}
