@@ -196,7 +196,8 @@ class LocalTrainer:
         callbacks: list[Callback] = list(trainer.callbacks) if hooks else []
         self._callback_hooks = {h: [cb for cb in callbacks if is_overridden(h, cb, Callback)] for h in _BATCH_HOOKS}
         self._module_hooks = {h: hooks and is_overridden(h, module, LightningModule) for h in _BATCH_HOOKS}
-        federated: list[Any] = [*callbacks, trainer.aggregator] if hooks else []
+        # Federated hooks go to callbacks only: the aggregator speaks through probe_client and round_metrics.
+        federated: list[Any] = callbacks
         self._loss_terms = [cb for cb in federated if is_overridden("client_loss", cb, FedCallback)]
         self._grad_hooks = [cb for cb in federated if is_overridden("on_client_before_optimizer_step", cb, FedCallback)]
         device = trainer.strategy.root_device

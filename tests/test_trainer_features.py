@@ -166,7 +166,7 @@ def test_step_interval_scheduler_is_refused(tmp_path):
 def test_fp16_loss_scaling_is_refused_for_algorithms_that_count_steps(tmp_path):
     from types import SimpleNamespace
 
-    from lightning_fed.validation import check_module_setup
+    from lightning_fed.setup_checks import check_module_setup
 
     class CountsSteps(FedCallback):
         supports_loss_scaling = False

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import Callback, LightningModule
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.optim import Optimizer
 
@@ -119,12 +118,3 @@ class FedCallback(Callback):
         self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext
     ) -> None:
         """Called before a client's test split is evaluated; swap ``client_ctx.initial_params`` to personalise."""
-
-
-def overridden_hooks(callback: object, hook: str) -> bool:
-    """Whether ``callback`` defines ``hook`` with a body of its own (not FedCallback's no-op).
-
-    Objects that are not ``FedCallback`` subclasses (an aggregator, a duck-typed callback) count when they define
-    the hook at all.
-    """
-    return is_overridden(hook, callback, FedCallback)

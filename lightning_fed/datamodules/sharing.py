@@ -153,14 +153,6 @@ def warn_without_warmup(sharing: DataSharing | None, trainer: Any) -> None:
         )
 
 
-def is_positive_number(value: object) -> bool:
-    """Whether ``value`` is a finite positive real number (bool excluded: ``lr: true`` is a config mistake).
-
-    Kept for :mod:`lightning_fed.callbacks.warmup`; argument checks use :func:`lightning_fed.checks.check_real`.
-    """
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-
-
 def _weighted_mean(values: Tensor, weights: Tensor) -> float:
     weights = weights.double()
     return float((values.nan_to_num(0.0) * weights).sum() / weights.sum().clamp(min=1.0))

@@ -136,7 +136,7 @@ def test_global_model_and_train_metrics_are_exactly_fedavgs(tmp_path, fedavg_run
     last = trainer.federation_state.history[-1]
     assert "personal/test_acc_mean" in last and "client/test_acc_mean" not in last
     # The personalised models differ from the global one, so their accuracies are not the global model's.
-    assert trainer.fed_runner.last_client_metrics != plain_trainer.fed_runner.last_client_metrics
+    assert trainer.last_round_result.client_results != plain_trainer.last_round_result.client_results
     alphas = [apfl.mixing_weight(trainer, cid) for cid in range(3)]
     assert all(a is None or 0.0 <= a <= 1.0 for a in alphas) and any(a is not None and a != 0.5 for a in alphas)
 
