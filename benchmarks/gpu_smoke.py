@@ -45,7 +45,7 @@ class DeviceProbe(Callback):
     def __init__(self) -> None:
         self.devices: set[str] = set()
 
-    def on_train_epoch_end(self, trainer, pl_module) -> None:  # noqa: ANN001
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
         self.devices |= {p.device.type for p in pl_module.parameters()}
 
 
@@ -64,9 +64,20 @@ def smoke(name: str, precision: str, rounds: int, root: str) -> tuple[float, flo
     callbacks, aggregator = ALGORITHMS[name]()
     probe = DeviceProbe()
     trainer = FederatedTrainer(
-        num_rounds=rounds, clients_per_round=5, aggregator=aggregator, callbacks=[*callbacks, probe], accelerator="gpu",
-        devices=1, precision=precision, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        default_root_dir=root, limit_val_batches=0, num_sanity_val_steps=0, seed=0,
+        num_rounds=rounds,
+        clients_per_round=5,
+        aggregator=aggregator,
+        callbacks=[*callbacks, probe],
+        accelerator="gpu",
+        devices=1,
+        precision=precision,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=root,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        seed=0,
     )
     module = ClassifierModule(backbone=LeNet5(in_channels=1, num_classes=10), num_classes=10, optimizer="sgd", lr=0.05)
     start = time.perf_counter()

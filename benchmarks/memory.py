@@ -93,11 +93,12 @@ def child(config: dict, args: argparse.Namespace) -> dict:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from lightning.pytorch import Callback
+
     from lightning_fed import FederatedTrainer
     from lightning_fed.datamodules import FashionMNISTFederated
     from lightning_fed.datamodules.partitioners import IidPartitioner
     from lightning_fed.models import ClassifierModule, LeNet5
-    from lightning.pytorch import Callback
 
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -154,7 +155,9 @@ def child(config: dict, args: argparse.Namespace) -> dict:
         result["rounds_s"] = time.perf_counter() - result.pop("_rounds_start_time")
         result["rounds_phase_peak"] = _maxrss_mib()
         if args.tracemalloc:
-            result["rounds_py_peak_over_start"] = (tracemalloc.get_traced_memory()[1] - result.pop("_traced_at_start")) / 2**20
+            result["rounds_py_peak_over_start"] = (
+                tracemalloc.get_traced_memory()[1] - result.pop("_traced_at_start")
+            ) / 2**20
             tracemalloc.stop()
         history = trainer.federation_state.history
         result["steps_per_round"] = int(trainer.global_step) / max(1, len(history))
@@ -184,7 +187,9 @@ def _fmt(value: float | None, spec: str = ".0f") -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--client-eval", choices=["none", "sampled", "all"], default="sampled")
     parser.add_argument("--data-dir", default=os.environ.get("LIGHTNING_FED_DATA", "data"))
@@ -242,6 +247,7 @@ def main() -> None:
         )
     else:
         print("The rounds' own peak could not be isolated here (no /proc/self/clear_refs); only whole-process peaks.")
+
 
 if __name__ == "__main__":
     main()

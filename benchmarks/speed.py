@@ -80,13 +80,13 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import lightning.pytorch as pl  # noqa: E402
+import lightning.pytorch as pl
 
-from lightning_fed import FederatedTrainer  # noqa: E402
-from lightning_fed.datamodules import FashionMNISTFederated  # noqa: E402
-from lightning_fed.datamodules.partitioners import IidPartitioner, Partitioner  # noqa: E402
-from lightning_fed.models import ClassifierModule, LeNet5  # noqa: E402
-from lightning_fed.seeding import derive_seed  # noqa: E402
+from lightning_fed import FederatedTrainer
+from lightning_fed.datamodules import FashionMNISTFederated
+from lightning_fed.datamodules.partitioners import IidPartitioner, Partitioner
+from lightning_fed.models import ClassifierModule, LeNet5
+from lightning_fed.seeding import derive_seed
 
 GOALS = {32: 1.10, 10: 1.25}
 """Goal for lightning_fed / plain, per batch size."""
@@ -109,7 +109,9 @@ class SubsampledIidPartitioner(Partitioner):
             return IidPartitioner(self.num_partitions, seed=self.seed).partition(labels, natural_ids)
         needed = self.num_partitions * self.samples_per_client
         if needed > labels.numel():
-            raise ValueError(f"{self.num_partitions} x {self.samples_per_client} samples exceed the {labels.numel()} examples.")
+            raise ValueError(
+                f"{self.num_partitions} x {self.samples_per_client} samples exceed the {labels.numel()} examples."
+            )
         permutation = np.random.default_rng(self.seed).permutation(labels.numel())[:needed]
         parts = np.split(permutation, self.num_partitions)
         return [torch.from_numpy(np.sort(part).astype(np.int64)) for part in parts]
@@ -166,9 +168,20 @@ def benchmark_trainer(rounds: int, num_clients: int, seed: int, root: str, **kwa
     """The speed workload's trainer: every client every round, 1 local epoch, no evaluation, logging or checkpoints;
     ``kwargs`` override (devices, strategy, callbacks for the scaling runs)."""
     settings: dict[str, Any] = dict(
-        num_rounds=rounds, clients_per_round=num_clients, local_epochs=1, eval_every_n_rounds=0, client_eval="none",
-        seed=seed, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, accelerator="cpu", devices=1, default_root_dir=root,
+        num_rounds=rounds,
+        clients_per_round=num_clients,
+        local_epochs=1,
+        eval_every_n_rounds=0,
+        client_eval="none",
+        seed=seed,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=root,
     )
     return FederatedTrainer(**{**settings, **kwargs})
 
@@ -212,7 +225,9 @@ def run_plain(dm: FashionMNISTFederated, rounds: int, seed: int, root: str) -> t
     return times, global_state
 
 
-def run_trainer_per_client(dm: FashionMNISTFederated, rounds: int, seed: int, root: str) -> tuple[list[np.ndarray], StateDict]:
+def run_trainer_per_client(
+    dm: FashionMNISTFederated, rounds: int, seed: int, root: str
+) -> tuple[list[np.ndarray], StateDict]:
     """(c): a fresh ``lightning.pytorch.Trainer`` per client per round; returns the wall time of every round."""
     module = make_module(seed)
     clients = list(range(dm.num_clients))
@@ -360,11 +375,17 @@ def profile(args: argparse.Namespace, batch_size: int, root: str) -> None:
     print(f"  {'FederatedTrainer.fit':{width}s} {fit:8.3f} s")
     print(f"  {'round loop (_RoundLoop.run, all rounds)':{width}s} {loop:8.3f} s")
     print(f"    {'start_federation (once; partition plot)':{width - 2}s} {start:8.3f} s")
-    print(f"    {'finish_round (summary JSON, logging)':{width - 2}s} {finish:8.3f} s  ({finish / (loop - start):6.1%} of the loop after start)")
+    print(
+        f"    {'finish_round (summary JSON, logging)':{width - 2}s} {finish:8.3f} s"
+        f"  ({finish / (loop - start):6.1%} of the loop after start)"
+    )
     print(f"    {'RoundRunner.run (sample, train, aggregate)':{width - 2}s} {rounds:8.3f} s")
     for label, value in parts.items():
         print(f"      {label:{width - 4}s} {value:8.3f} s  ({value / rounds:6.1%} of RoundRunner.run)")
-    print(f"      {'everything else':{width - 4}s} {rounds - model_work:8.3f} s  ({(rounds - model_work) / rounds:6.1%}), of which:")
+    print(
+        f"      {'everything else':{width - 4}s} {rounds - model_work:8.3f} s"
+        f"  ({(rounds - model_work) / rounds:6.1%}), of which:"
+    )
     for label, value in named_overheads.items():
         print(f"        {label:{width - 6}s} {value:8.3f} s  ({value / rounds:6.1%})")
     print("\nTop functions by own time:")
@@ -386,7 +407,8 @@ class RoundClock(pl.Callback):
 
 
 def scaling_worker(args: argparse.Namespace) -> None:
-    """One ``--processes``-process fit; rank 0 writes its per-round wall times and final weights to ``args.scaling_worker``.
+    """One ``--processes``-process fit; rank 0 writes its per-round wall times and final weights to
+    ``args.scaling_worker``.
 
     Lightning's DDP launcher starts the other ranks by re-running this command line, so every rank lands here.
     """
@@ -395,8 +417,13 @@ def scaling_worker(args: argparse.Namespace) -> None:
     dm = make_datamodule(args, args.batch_sizes[0])
     clock = RoundClock()
     trainer = benchmark_trainer(
-        args.rounds, dm.num_clients, args.seed, tempfile.mkdtemp(prefix="lightning_fed_scaling_"),
-        devices=args.processes, strategy="ddp" if args.processes > 1 else "auto", callbacks=[clock],
+        args.rounds,
+        dm.num_clients,
+        args.seed,
+        tempfile.mkdtemp(prefix="lightning_fed_scaling_"),
+        devices=args.processes,
+        strategy="ddp" if args.processes > 1 else "auto",
+        callbacks=[clock],
     )
     module = make_module(args.seed)
     trainer.fit(module, datamodule=dm)
@@ -411,10 +438,26 @@ def run_processes(args: argparse.Namespace, batch_size: int, processes: int, out
     import subprocess
 
     command = [
-        sys.executable, str(Path(__file__).resolve()), "--scaling-worker", out, "--processes", str(processes),
-        "--batch-sizes", str(batch_size), "--rounds", str(args.rounds), "--clients", str(args.clients),
-        "--samples-per-client", str(args.samples_per_client), "--data-dir", args.data_dir, "--seed", str(args.seed),
-        "--threads", str(args.threads),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--scaling-worker",
+        out,
+        "--processes",
+        str(processes),
+        "--batch-sizes",
+        str(batch_size),
+        "--rounds",
+        str(args.rounds),
+        "--clients",
+        str(args.clients),
+        "--samples-per-client",
+        str(args.samples_per_client),
+        "--data-dir",
+        args.data_dir,
+        "--seed",
+        str(args.seed),
+        "--threads",
+        str(args.threads),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or os.cpu_count())}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -440,21 +483,29 @@ def measure_scaling(args: argparse.Namespace, root: str) -> None:
                 + ", ".join(f"{n} process(es) {results[batch_size][n][-1]:.3f} s/round" for n in counts),
                 flush=True,
             )
-    print(f"\nWall time per round, rounds 2..R, median over {args.repeats} repeats; speed-up: median of per-repeat ratios.\n")
-    print(f"| batch size | 1 process (s/round) | {args.processes} processes (s/round) | speed-up | max abs weight diff |")
+    print(
+        f"\nWall time per round, rounds 2..R, median over {args.repeats} repeats;"
+        " speed-up: median of per-repeat ratios.\n"
+    )
+    print(
+        f"| batch size | 1 process (s/round) | {args.processes} processes (s/round) | speed-up | max abs weight diff |"
+    )
     print("|---:|---:|---:|---:|---:|")
     for batch_size, by_count in results.items():
         speedup = statistics.median(a / b for a, b in zip(by_count[1], by_count[args.processes]))
         diff = max_abs_diff(finals[batch_size, 1], finals[batch_size, args.processes])
         print(
-            f"| {batch_size} | {statistics.median(by_count[1]):.3f} | {statistics.median(by_count[args.processes]):.3f} |"
+            f"| {batch_size} | {statistics.median(by_count[1]):.3f}"
+            f" | {statistics.median(by_count[args.processes]):.3f} |"
             f" {speedup:.2f}x | {diff:.1e} |"
         )
     print(f"\nGoal: >= 1.5x with {args.processes} processes at batch size 10.")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 10])
     parser.add_argument("--rounds", type=int, default=6, help="rounds per timed run (>= 2); default 6")
     parser.add_argument("--repeats", type=int, default=5)
@@ -467,7 +518,8 @@ def main() -> None:
     )
     parser.add_argument("--profile", action="store_true", help="only print a cProfile breakdown of lightning_fed")
     parser.add_argument(
-        "--scaling", action="store_true",
+        "--scaling",
+        action="store_true",
         help="only compare lightning_fed on 1 process against --processes processes (strategy='ddp', gloo, CPU)",
     )
     parser.add_argument("--processes", type=int, default=2, help="processes for --scaling (default 2)")
@@ -515,7 +567,8 @@ def main() -> None:
             " ratio to plain.\n"
         )
         print(
-            "| batch size | steps/round | plain (s/round) | lightning_fed (s/round) | ratio | Lightning Trainer per client"
+            "| batch size | steps/round | plain (s/round) | lightning_fed (s/round) | ratio"
+            " | Lightning Trainer per client"
             " (s/round) | ratio | goal (lightning_fed) |"
         )
         print("|---:|---:|---:|---:|---:|---:|---:|:---|")
@@ -537,7 +590,10 @@ def main() -> None:
         )
         for clock in ("wall", "cpu"):
             values = result[clock]["all"]
-            print(f"  per-repeat {clock} s/round: " + "; ".join(f"{k}: " + " ".join(f"{t:.3f}" for t in v) for k, v in values.items()))
+            print(
+                f"  per-repeat {clock} s/round: "
+                + "; ".join(f"{k}: " + " ".join(f"{t:.3f}" for t in v) for k, v in values.items())
+            )
     print(f"Total benchmark time: {time.perf_counter() - started:.0f} s")
 
 

@@ -34,9 +34,9 @@ import glob
 import json
 import os
 import re
-import tempfile
 import statistics
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,8 +116,10 @@ def load_runs(paths: list[Path], metric: str, beta_key: str, alpha_key: str, ove
         accuracy = _metric(summary, metric)
         if accuracy is None or summary.get("mean_emd") is None:
             raise ValueError(f"{path} holds no {metric!r} or no 'mean_emd': pick the accuracy key with --metric.")
-        labels = {name: run_label(path, summary, name, key, overrides) for name, key in (("beta", beta_key),
-                                                                                       ("alpha", alpha_key))}
+        labels = {
+            name: run_label(path, summary, name, key, overrides)
+            for name, key in (("beta", beta_key), ("alpha", alpha_key))
+        }
         known = {k: v for k, v in labels.items() if v is not None}
         runs.append(Run(path, float(summary["mean_emd"]), accuracy, known))
     return runs
@@ -129,7 +131,8 @@ def group(values: list[tuple[float, float]]) -> list[tuple[float, float, float, 
     for x, y in values:
         by_x.setdefault(x, []).append(y)
     return [
-        (x, statistics.fmean(ys), statistics.stdev(ys) if len(ys) > 1 else 0.0, len(ys)) for x, ys in sorted(by_x.items())
+        (x, statistics.fmean(ys), statistics.stdev(ys) if len(ys) > 1 else 0.0, len(ys))
+        for x, ys in sorted(by_x.items())
     ]
 
 

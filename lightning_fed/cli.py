@@ -35,7 +35,9 @@ class SaveConfigToRunDir(SaveConfigCallback):
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         run_dir = resolve_run_dir(trainer)
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.parser.save(self.config, str(run_dir / self.config_filename), skip_none=False, overwrite=True, multifile=self.multifile)
+        self.parser.save(
+            self.config, str(run_dir / self.config_filename), skip_none=False, overwrite=True, multifile=self.multifile
+        )
 
 
 class FederatedCLI(LightningCLI):
@@ -61,7 +63,9 @@ class FederatedCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
-            "--fill_num_classes", type=bool, default=True,
+            "--fill_num_classes",
+            type=bool,
+            default=True,
             help="Set the model's `num_classes` init argument from the datamodule when the YAML leaves it out.",
         )
 

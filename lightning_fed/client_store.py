@@ -109,7 +109,9 @@ class ClientStateStore:
         return {ns: {str(cid): value for cid, value in entries.items()} for ns, entries in self._data.items()}
 
     def load_state_dict(self, state_dict: dict[str, dict[str, Any]]) -> None:
-        self._data = {ns: {int(cid): _to_cpu(value) for cid, value in entries.items()} for ns, entries in state_dict.items()}
+        self._data = {
+            ns: {int(cid): _to_cpu(value) for cid, value in entries.items()} for ns, entries in state_dict.items()
+        }
         self._changed.clear()
 
     def __len__(self) -> int:

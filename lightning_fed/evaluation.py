@@ -26,7 +26,9 @@ def eval_step_name(module: LightningModule) -> str | None:
 
 
 @torch.no_grad()
-def evaluate(trainer: FederatedTrainer, module: LightningModule, dataloader: DataLoader, buffer: LogBuffer) -> dict[str, float]:
+def evaluate(
+    trainer: FederatedTrainer, module: LightningModule, dataloader: DataLoader, buffer: LogBuffer
+) -> dict[str, float]:
     """Runs the module's ``test_step`` (or ``validation_step``) over ``dataloader`` and returns the logged means.
 
     Losses logged per batch are averaged weighted by batch size, so they are exact dataset means; torchmetrics
@@ -64,7 +66,9 @@ def client_statistics(per_client: dict[int, dict[str, float]], prefix: str = "cl
     keys = sorted({key for metrics in per_client.values() for key in metrics})
     summary: dict[str, float] = {}
     for key in keys:
-        values = torch.tensor([m[key] for m in per_client.values() if key in m and math.isfinite(m[key])], dtype=torch.float64)
+        values = torch.tensor(
+            [m[key] for m in per_client.values() if key in m and math.isfinite(m[key])], dtype=torch.float64
+        )
         if values.numel() == 0:
             continue
         summary[f"{prefix}{key}_mean"] = float(values.mean())

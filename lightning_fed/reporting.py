@@ -39,7 +39,9 @@ def resolve_run_dir(trainer: FederatedTrainer) -> Path:
     return run_dir
 
 
-def publish_figure(trainer: FederatedTrainer, figure: Any, relative_path: str, key: str, caption: str | None = None) -> Path:
+def publish_figure(
+    trainer: FederatedTrainer, figure: Any, relative_path: str, key: str, caption: str | None = None
+) -> Path:
     """Saves ``figure`` as ``<run dir>/<relative_path>`` (atomically) and logs it to every W&B logger under ``key``.
 
     Call it on global rank zero only, like any other write to the run directory.
@@ -93,7 +95,9 @@ class RunReporter:
         stats = {"partition/mean_emd": self.mean_emd, "partition/num_clients": float(len(self.histogram))}
         for logger in self.trainer.loggers:
             logger.log_metrics(stats, step=0)
-        publish_figure(self.trainer, figure, "partition.png", "partition/label_histogram", f"mean EMD {self.mean_emd:.3f}")
+        publish_figure(
+            self.trainer, figure, "partition.png", "partition/label_histogram", f"mean EMD {self.mean_emd:.3f}"
+        )
 
     def report_round(self, result: RoundResult) -> Path | None:
         """Logs a finished round, its per-client table when due, and rewrites ``summary.json`` (rank 0 only).
@@ -134,7 +138,9 @@ class RunReporter:
             define_round_axis(logger, new)
         self._round_axis.update(new)
 
-    def log_client_table(self, round_number: int, per_client: dict[int, dict[str, float]], prefix: str = "client/") -> None:
+    def log_client_table(
+        self, round_number: int, per_client: dict[int, dict[str, float]], prefix: str = "client/"
+    ) -> None:
         """A per-client results table (W&B) and the accuracy distribution plot (``client_accuracy.png``)."""
         if not per_client or not self.trainer.is_global_zero:
             return
@@ -142,11 +148,16 @@ class RunReporter:
         keys = sorted({key for metrics in per_client.values() for key in metrics})
         datamodule = self.trainer.datamodule
         columns = ["client", "num_train_samples", *keys]
-        rows = [[cid, datamodule.client_num_samples(cid), *(m.get(k, float("nan")) for k in keys)] for cid, m in sorted(per_client.items())]
+        rows = [
+            [cid, datamodule.client_num_samples(cid), *(m.get(k, float("nan")) for k in keys)]
+            for cid, m in sorted(per_client.items())
+        ]
         for logger in wandb_loggers(self.trainer.loggers):
             log_table(logger, f"{prefix}results", columns, rows, round_number)
 
-    def _log_accuracy_distribution(self, round_number: int, per_client: dict[int, dict[str, float]], prefix: str) -> None:
+    def _log_accuracy_distribution(
+        self, round_number: int, per_client: dict[int, dict[str, float]], prefix: str
+    ) -> None:
         from lightning_fed.evaluation import accuracy_key
         from lightning_fed.plots import plot_client_accuracy
 
@@ -156,7 +167,9 @@ class RunReporter:
             return
         which = "personalised models" if prefix == "personal/" else "global model"
         figure = plot_client_accuracy({f"round {round_number}": values}, title=f"{key} per client, {which}")
-        publish_figure(self.trainer, figure, "client_accuracy.png", f"{prefix}accuracy_distribution", f"round {round_number}")
+        publish_figure(
+            self.trainer, figure, "client_accuracy.png", f"{prefix}accuracy_distribution", f"round {round_number}"
+        )
 
     def write_summary(self, per_client: dict[int, dict[str, float]], prefix: str = "client/") -> Path:
         """Writes ``summary.json``: final metrics, per-round history, wall time and bytes."""

@@ -1,5 +1,8 @@
-"""One federated round: sample, train each client, aggregate; evaluation is delegated to
-:class:`~lightning_fed.round_evaluation.RoundEvaluator` and cross-process merging to :mod:`lightning_fed.rank_shares`."""
+"""One federated round: sample, train each client, aggregate.
+
+Evaluation is delegated to :class:`~lightning_fed.round_evaluation.RoundEvaluator` and cross-process merging to
+:mod:`lightning_fed.rank_shares`.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.optim import Optimizer
 
+from lightning_fed import distributed
 from lightning_fed.aggregators.base import Aggregator
 from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, RoundResult
 from lightning_fed.federation_state import FederationState
@@ -18,7 +22,6 @@ from lightning_fed.local_training import LocalTrainer
 from lightning_fed.rank_shares import combine_shares, sync_store
 from lightning_fed.round_evaluation import RoundEvaluator
 from lightning_fed.seeding import derive_seed, seed_torch
-from lightning_fed import distributed
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -164,16 +167,14 @@ class RoundRunner:
 
     def _reject(self, round_ctx: RoundContext, client_id: int) -> None:
         round_ctx.rejected.append(client_id)
-        message = (
-            f"Client {client_id} diverged in round {round_ctx.round_idx}: its update holds NaN or Inf."
-        )
+        message = f"Client {client_id} diverged in round {round_ctx.round_idx}: its update holds NaN or Inf."
         if self.trainer.on_client_divergence == "raise":
             raise ClientDivergedError(
                 f"{message} Lower the learning rate, clip gradients (`gradient_clip_val`), or set"
                 " `on_client_divergence='skip'` to drop such clients from the aggregate."
             )
         self.trainer.print(f"[lightning_fed] {message} It was left out of the aggregate.")
-        return None
+        return
 
     def _client_optimizer(self, client_id: int) -> Optimizer:
         """The trainer's optimizer, with fresh state (or the client's own state when it is kept)."""
@@ -239,7 +240,9 @@ class RoundRunner:
         loader = self.datamodule.client_dataloader(client_id, seed=data_seed)
         optimizer = self.trainer.optimizers[0]
         optimizer.state.clear()
-        ctx = ClientContext(client_id, round_idx, saved, start_params, self.datamodule.client_num_samples(client_id), self.state.store)
+        ctx = ClientContext(
+            client_id, round_idx, saved, start_params, self.datamodule.client_num_samples(client_id), self.state.store
+        )
         epochs = epochs if epochs is not None or steps is not None else 1
         try:
             self.local.fit_client(ctx, loader, optimizer, epochs, steps, federated=False)

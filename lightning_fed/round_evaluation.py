@@ -65,7 +65,9 @@ class RoundEvaluator:
             metrics.update({f"global/{key}": value for key, value in result.items()})
         per_client: dict[int, dict[str, float]] = {}
         prefix = CLIENT_PREFIX
-        if trainer.client_eval != "none" and is_due(round_number, trainer.client_eval_every_n_rounds, trainer.num_rounds):
+        if trainer.client_eval != "none" and is_due(
+            round_number, trainer.client_eval_every_n_rounds, trainer.num_rounds
+        ):
             client_ids = list(range(trainer.datamodule.num_clients)) if trainer.client_eval == "all" else sampled
             per_client, personalised = self.evaluate_clients(round_idx, client_ids)
             prefix = PERSONAL_PREFIX if personalised else CLIENT_PREFIX

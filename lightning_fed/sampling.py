@@ -26,7 +26,7 @@ class UniformClientSampler:
     """
 
     # `int | float`, not `float`: jsonargparse would read a count of 10 as the fraction 10.0.
-    def __init__(self, clients_per_round: int | float, seed: int = 0) -> None:  # noqa: PYI041
+    def __init__(self, clients_per_round: int | float, seed: int = 0) -> None:
         self.clients_per_round = _check_clients_per_round(clients_per_round)
         self.seed = check_int("seed", seed)
 

@@ -81,7 +81,9 @@ def check_module_setup(trainer: FederatedTrainer, module: LightningModule) -> No
             )
     precision = trainer.strategy.precision_plugin
     if getattr(precision, "scaler", None) is not None:
-        refusing = [type(cb).__name__ for cb in trainer.callbacks if getattr(cb, "supports_loss_scaling", True) is False]
+        refusing = [
+            type(cb).__name__ for cb in trainer.callbacks if getattr(cb, "supports_loss_scaling", True) is False
+        ]
         if refusing:
             raise ValueError(
                 f"fp16 loss scaling (`precision='16-mixed'`) can skip optimizer steps, which breaks {refusing}:"

@@ -4,8 +4,8 @@ from lightning_fed.deprecation import deprecated
 from lightning_fed.federation_state import FederationState
 
 deprecated(
-    "`lightning_fed.state` was renamed to `lightning_fed.federation_state`; import from there. This alias goes in the next"
-    " release.",
+    "`lightning_fed.state` was renamed to `lightning_fed.federation_state`; import from there. This alias goes in"
+    " the next release.",
     stacklevel=2,
 )
 

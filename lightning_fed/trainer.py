@@ -91,8 +91,16 @@ class FederatedTrainer(Trainer):
         **kwargs: Any,
     ) -> None:
         check_round_settings(
-            num_rounds, local_epochs, local_steps, eval_every_n_rounds, client_eval, client_eval_every_n_rounds,
-            client_table_every_n_rounds, on_client_divergence, keep_optimizer_state, seed,
+            num_rounds,
+            local_epochs,
+            local_steps,
+            eval_every_n_rounds,
+            client_eval,
+            client_eval_every_n_rounds,
+            client_table_every_n_rounds,
+            on_client_divergence,
+            keep_optimizer_state,
+            seed,
         )
         for name, default in _EPOCH_ARGS.items():
             if kwargs.get(name, default) != default:
@@ -130,13 +138,19 @@ class FederatedTrainer(Trainer):
         # LightningCLI passes None for "Lightning's default", which is on.
         if kwargs.get("enable_progress_bar") is not False and not any(isinstance(cb, ProgressBar) for cb in callbacks):
             callbacks.append(RoundProgressBar())
-        if kwargs.get("enable_checkpointing") is not False and not any(isinstance(cb, ModelCheckpoint) for cb in callbacks):
+        if kwargs.get("enable_checkpointing") is not False and not any(
+            isinstance(cb, ModelCheckpoint) for cb in callbacks
+        ):
             root = kwargs.get("default_root_dir") or os.getcwd()
             # Lightning 2.6 writes `last` only alongside a top-k save; keeping the newest one and linking `last` to it
             # costs one checkpoint write per round, and `--ckpt_path last` resumes from it.
             callbacks.append(
                 ModelCheckpoint(
-                    dirpath=os.path.join(root, "checkpoints"), filename="round{epoch:04d}", auto_insert_metric_name=False, save_top_k=1, save_last="link",
+                    dirpath=os.path.join(root, "checkpoints"),
+                    filename="round{epoch:04d}",
+                    auto_insert_metric_name=False,
+                    save_top_k=1,
+                    save_last="link",
                     save_on_train_epoch_end=True,
                 )
             )
@@ -157,7 +171,12 @@ class FederatedTrainer(Trainer):
         check_fit_setup(datamodule, train_dataloaders, val_dataloaders)
         self._restored = ckpt_path is not None
         self._resolved_run_dir = None  # each fit gets its own run directory
-        super().fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True if weights_only is None else weights_only)
+        super().fit(
+            model,
+            datamodule=datamodule,
+            ckpt_path=ckpt_path,
+            weights_only=True if weights_only is None else weights_only,
+        )
         if self._reporter is not None and self.is_global_zero:
             self._print_final()
 

@@ -18,4 +18,10 @@ deprecated(
     stacklevel=2,
 )
 
-__all__ = ["check_fit_setup", "check_module_setup", "check_no_sync_batchnorm", "check_process_group", "check_round_settings"]
+__all__ = [
+    "check_fit_setup",
+    "check_module_setup",
+    "check_no_sync_batchnorm",
+    "check_process_group",
+    "check_round_settings",
+]

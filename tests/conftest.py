@@ -8,7 +8,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(autouse=True)

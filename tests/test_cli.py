@@ -16,13 +16,16 @@ def config_args(config: Path) -> list[str]:
     if config.parent == PERSONALIZED and config not in SPLIT_FILES:
         return ["--config", str(PERSONALIZED / "pathological.yaml"), "--config", str(config)]
     return ["--config", str(config)]
+
+
 QUICKSTART = Path(__file__).parents[1] / "configs" / "quickstart.yaml"
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_every_config_parses_and_instantiates(config, tmp_path):
-    cli = FederatedCLI(args=[*config_args(config), "--trainer.logger", "false", "--trainer.default_root_dir",
-                             str(tmp_path)], run=False)
+    cli = FederatedCLI(
+        args=[*config_args(config), "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path)], run=False
+    )
     assert isinstance(cli.trainer, FederatedTrainer)
     assert cli.datamodule.num_clients >= 1
     assert cli.trainer.num_rounds >= 1
@@ -30,11 +33,23 @@ def test_every_config_parses_and_instantiates(config, tmp_path):
 
 def test_quickstart_end_to_end_with_offline_wandb(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    FederatedCLI(args=[
-        "fit", "--config", str(QUICKSTART), "--trainer.num_rounds", "2", "--trainer.local_epochs", "1",
-        "--data.init_args.num_samples", "1000", "--trainer.default_root_dir", str(tmp_path),
-        "--trainer.logger.init_args.save_dir", str(tmp_path),
-    ])
+    FederatedCLI(
+        args=[
+            "fit",
+            "--config",
+            str(QUICKSTART),
+            "--trainer.num_rounds",
+            "2",
+            "--trainer.local_epochs",
+            "1",
+            "--data.init_args.num_samples",
+            "1000",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+        ]
+    )
     printed = capsys.readouterr().out
     assert "[lightning_fed] final after 2 rounds: global/test_acc=" in printed
     summary_line = next(line for line in printed.splitlines() if line.startswith("[lightning_fed] summary: "))
@@ -75,6 +90,8 @@ def test_aggregator_and_callbacks_are_configurable_from_yaml(tmp_path):
         "    - class_path: lightning.pytorch.callbacks.EarlyStopping\n"
         "      init_args: {monitor: val_loss, patience: 3}\n"
     )
-    cli = FederatedCLI(args=["--config", str(QUICKSTART), "--config", str(extra), "--trainer.logger", "false"], run=False)
+    cli = FederatedCLI(
+        args=["--config", str(QUICKSTART), "--config", str(extra), "--trainer.logger", "false"], run=False
+    )
     assert cli.trainer.aggregator.weighting == "uniform" and cli.trainer.aggregator.server_lr == 0.5
     assert any(type(cb).__name__ == "EarlyStopping" for cb in cli.trainer.callbacks)

@@ -3,8 +3,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule
+
 from lightning_fed import FedCallback
 from lightning_fed.callbacks import FeatureLossTerm, FeatureMixin
 from lightning_fed.seeding import derive_seed
@@ -163,7 +163,9 @@ def test_a_feature_term_without_loss_term_cannot_be_built():
         NoTerm("net.1", "none")
 
 
-@pytest.mark.parametrize(("kwargs", "name"), [({"feature_layer": 1}, "feature_layer"), ({"log_name": None}, "log_name")])
+@pytest.mark.parametrize(
+    ("kwargs", "name"), [({"feature_layer": 1}, "feature_layer"), ({"log_name": None}, "log_name")]
+)
 def test_constructor_arguments_are_checked_with_the_argument_named(kwargs, name):
     with pytest.raises(ValueError, match=rf"`{name}` must be"):
         SquaredFeatures(**kwargs)

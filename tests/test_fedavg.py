@@ -87,7 +87,7 @@ def test_should_aggregate_keeps_excluded_entries_global():
     assert not torch.equal(result["w"], _state(99)["w"])
 
 
-@pytest.mark.parametrize("kwargs, match", [({"weighting": "size"}, "weighting"), ({"server_lr": 0.0}, "server_lr")])
+@pytest.mark.parametrize(("kwargs", "match"), [({"weighting": "size"}, "weighting"), ({"server_lr": 0.0}, "server_lr")])
 def test_bad_arguments_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         FedAvg(**kwargs)

@@ -6,13 +6,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.boring import BoringClassifier, HookRecorder
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, Timer, TQDMProgressBar
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torchmetrics import MeanMetric
 
-from helpers.boring import BoringClassifier, HookRecorder
 from lightning_fed.aggregators import FedAvg
 from lightning_fed.callbacks import APFL, FedProx, Scaffold, WeightDivergence
 from lightning_fed.callbacks.base import FedCallback
@@ -50,8 +50,17 @@ class _BatchCallback(Callback):
 
 def _callbacks():
     return [
-        ModelCheckpoint(), EarlyStopping(monitor="val_loss"), LearningRateMonitor(), Timer(), TQDMProgressBar(),
-        HookRecorder(), _BatchCallback(), APFL(), FedProx(mu=0.1), Scaffold(), WeightDivergence(),
+        ModelCheckpoint(),
+        EarlyStopping(monitor="val_loss"),
+        LearningRateMonitor(),
+        Timer(),
+        TQDMProgressBar(),
+        HookRecorder(),
+        _BatchCallback(),
+        APFL(),
+        FedProx(mu=0.1),
+        Scaffold(),
+        WeightDivergence(),
     ]
 
 

@@ -1,8 +1,8 @@
 import lightning.pytorch as L
 import pytest
 import torch
-
 from helpers.boring import BoringClassifier, HookRecorder, fast_trainer, global_weights, make_datamodule
+
 from lightning_fed import ClientDivergedError, FedCallback
 from lightning_fed.seeding import derive_seed
 
@@ -18,8 +18,14 @@ def test_one_client_one_epoch_equals_centralised_lightning_training(tmp_path):
 
     loader = dm.client_dataloader(0, seed=derive_seed(5, "data", 0, 0))
     plain = L.Trainer(
-        max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, accelerator="cpu", devices=1, default_root_dir=str(tmp_path),
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=str(tmp_path),
     )
     plain.fit(centralised, train_dataloaders=loader)
     for name, tensor in centralised.state_dict().items():
@@ -97,9 +103,18 @@ def test_round_metrics_and_summary_are_recorded(tmp_path):
     trainer = fast_trainer(tmp_path, num_rounds=2, clients_per_round=2, run_dir=str(tmp_path / "run"))
     trainer.fit(BoringClassifier(), datamodule=dm)
     final = trainer.federation_state.history[-1]
-    for key in ("global/test_acc", "global/test_loss", "client/test_acc_mean", "client/test_acc_std",
-                "client/test_acc_min", "client/test_acc_worst10", "train/loss", "comm/bytes_up",
-                "comm/bytes_down", "time/round_s"):
+    for key in (
+        "global/test_acc",
+        "global/test_loss",
+        "client/test_acc_mean",
+        "client/test_acc_std",
+        "client/test_acc_min",
+        "client/test_acc_worst10",
+        "train/loss",
+        "comm/bytes_up",
+        "comm/bytes_down",
+        "time/round_s",
+    ):
         assert key in final, key
     model_bytes = sum(t.numel() * t.element_size() for t in BoringClassifier().state_dict().values())
     assert final["comm/bytes_up"] == final["comm/bytes_down"] == 2 * 2 * model_bytes
@@ -121,7 +136,9 @@ def test_client_train_start_hooks_cannot_shift_the_clients_data_order_or_rng(tmp
     def fit(callbacks):
         L.seed_everything(0)
         module = BoringClassifier(dropout=0.3)
-        fast_trainer(tmp_path, num_rounds=2, clients_per_round=2, callbacks=callbacks).fit(module, datamodule=make_datamodule())
+        fast_trainer(tmp_path, num_rounds=2, clients_per_round=2, callbacks=callbacks).fit(
+            module, datamodule=make_datamodule()
+        )
         return global_weights(module)
 
     plain, meddled = fit([]), fit([Meddler()])

@@ -2,8 +2,8 @@ import lightning.pytorch as L
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule, make_tensors
+
 from lightning_fed import ClientContext, ClientStateStore, ParameterPenalty
 from lightning_fed.log_buffer import LogBuffer, buffered_logging
 
@@ -49,7 +49,9 @@ def test_injected_gradient_equals_autograd_of_the_documented_loss():
         injected = _injected_grads(Prox(0.3, closed_form), module, ctx, x, y)
         module.zero_grad()
         params = dict(module.named_parameters())
-        loss = F.cross_entropy(module(x), y) + 0.15 * sum(((p - ctx.global_params[n]) ** 2).sum() for n, p in params.items())
+        loss = F.cross_entropy(module(x), y) + 0.15 * sum(
+            ((p - ctx.global_params[n]) ** 2).sum() for n, p in params.items()
+        )
         loss.backward()
         for name, param in params.items():
             torch.testing.assert_close(injected[name], param.grad)

@@ -3,8 +3,8 @@ import json
 import lightning.pytorch as L
 import pytest
 import torch
-
 from helpers.boring import NUM_CLASSES, BoringClassifier, fast_trainer, global_weights, make_datamodule, plain_sgd_pass
+
 from lightning_fed import FedCallback
 from lightning_fed.callbacks import FedProx
 from lightning_fed.callbacks.personalized import PersonalizedCallback
@@ -91,8 +91,13 @@ def test_personal_metrics_replace_client_metrics_in_personalised_rounds(one_clas
     history = one_class_run[0].federation_state.history
     assert "client/test_acc_mean" in history[0] and not any(k.startswith("personal/") for k in history[0])
     for metrics in history[1:]:
-        assert {"personal/test_acc_mean", "personal/test_acc_std", "personal/test_acc_min", "personal/test_acc_worst10",
-                "personal/bmta"} <= metrics.keys()
+        assert {
+            "personal/test_acc_mean",
+            "personal/test_acc_std",
+            "personal/test_acc_min",
+            "personal/test_acc_worst10",
+            "personal/bmta",
+        } <= metrics.keys()
         assert not any(k.startswith("client/") for k in metrics)
 
 

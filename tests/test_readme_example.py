@@ -5,8 +5,8 @@ from pathlib import Path
 
 import lightning.pytorch as L
 import torch
-
 from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule
+
 from lightning_fed import ClientContext, ClientStateStore, FedAvg
 
 README = Path(__file__).parents[1] / "README.md"
@@ -24,7 +24,9 @@ def _example_namespace() -> dict:
 def _fit(tmp_path, aggregator, callbacks=()):
     L.seed_everything(0)
     module = BoringClassifier()
-    trainer = fast_trainer(tmp_path, num_rounds=3, clients_per_round=2, aggregator=aggregator, callbacks=list(callbacks))
+    trainer = fast_trainer(
+        tmp_path, num_rounds=3, clients_per_round=2, aggregator=aggregator, callbacks=list(callbacks)
+    )
     trainer.fit(module, datamodule=make_datamodule(num_clients=3))
     return global_weights(module), trainer
 

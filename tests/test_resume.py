@@ -1,13 +1,9 @@
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
 from helpers.resume import assert_resume_bit_identical, run_script
-
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -32,10 +28,16 @@ def reference(tmp_path_factory) -> dict:
     return torch.load(root / "out.pt", weights_only=True)
 
 
-@pytest.mark.parametrize("kill_round, client_index", [(0, 1), (1, 0), (3, 2)])
+@pytest.mark.parametrize(("kill_round", "client_index"), [(0, 1), (1, 0), (3, 2)])
 def test_sigkilled_run_resumes_bit_identical(tmp_path, reference, kill_round, client_index):
-    killed = _run(str(tmp_path), str(tmp_path / "never.pt"), "--kill-round", str(kill_round),
-                  "--kill-client-index", str(client_index))
+    killed = _run(
+        str(tmp_path),
+        str(tmp_path / "never.pt"),
+        "--kill-round",
+        str(kill_round),
+        "--kill-client-index",
+        str(client_index),
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert not (tmp_path / "never.pt").exists()
     resumed = _run(str(tmp_path), str(tmp_path / "out.pt"), "--resume")
@@ -58,6 +60,6 @@ def test_checkpoint_loads_with_weights_only(tmp_path, reference):
 
 def test_resume_with_a_stateful_aggregator_and_penalty(tmp_path):
     result = assert_resume_bit_identical(
-        tmp_path, "--aggregator", "lightning_fed.aggregators.FedAvg={\"server_lr\": 0.7}", kill_round=2, client_index=0
+        tmp_path, "--aggregator", 'lightning_fed.aggregators.FedAvg={"server_lr": 0.7}', kill_round=2, client_index=0
     )
     assert result["aggregator_state"] == {}

@@ -3,6 +3,7 @@
 from typing import Any
 
 from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
+
 from lightning_fed import FedCallback
 from lightning_fed.client import RoundContext, RoundResult
 from lightning_fed.client_store import ClientStateStore

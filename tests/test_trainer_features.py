@@ -3,10 +3,10 @@
 import lightning.pytorch as L
 import pytest
 import torch
+from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
 from lightning_fed import FedCallback, FederatedTrainer
 
 
@@ -29,7 +29,9 @@ def test_bf16_mixed_precision_trains_with_autocast(tmp_path):
             dtypes.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
 
     module = BoringClassifier()
-    fast_trainer(tmp_path, num_rounds=1, precision="bf16-mixed", callbacks=[Spy()]).fit(module, datamodule=make_datamodule())
+    fast_trainer(tmp_path, num_rounds=1, precision="bf16-mixed", callbacks=[Spy()]).fit(
+        module, datamodule=make_datamodule()
+    )
     assert dtypes and set(dtypes) == {None}  # batch hooks run outside autocast, as in Lightning
     assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in module.parameters())
 
@@ -72,7 +74,9 @@ def test_epoch_lr_scheduler_steps_once_per_round(tmp_path):
         def on_client_start(self, trainer, pl_module, client_ctx):
             lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
 
-    fast_trainer(tmp_path, num_rounds=3, clients_per_round=2, callbacks=[Record()]).fit(Decaying(), datamodule=make_datamodule())
+    fast_trainer(tmp_path, num_rounds=3, clients_per_round=2, callbacks=[Record()]).fit(
+        Decaying(), datamodule=make_datamodule()
+    )
     assert lrs == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.025, 0.025])
 
 
@@ -90,7 +94,9 @@ def test_kept_optimizer_state_survives_between_participations(tmp_path):
 
     class Record(FedCallback):
         def on_client_start(self, trainer, pl_module, client_ctx):
-            momenta[(client_ctx.round_idx, client_ctx.client_id)] = client_ctx.store.get("optimizer", client_ctx.client_id)
+            momenta[(client_ctx.round_idx, client_ctx.client_id)] = client_ctx.store.get(
+                "optimizer", client_ctx.client_id
+            )
 
     trainer = fast_trainer(tmp_path, num_rounds=2, clients_per_round=2, keep_optimizer_state=True, callbacks=[Record()])
     trainer.fit(BoringClassifier(momentum=0.9), datamodule=make_datamodule(num_clients=2))
@@ -120,7 +126,7 @@ def test_more_clients_than_samples(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    ("kwargs", "match"),
     [
         ({"local_epochs": 1, "local_steps": 3}, "either `local_epochs` or `local_steps`"),
         ({"local_epochs": 0}, "local_epochs"),
@@ -172,7 +178,9 @@ def test_fp16_loss_scaling_is_refused_for_algorithms_that_count_steps(tmp_path):
         supports_loss_scaling = False
 
     fake = SimpleNamespace(
-        optimizers=[object()], lr_scheduler_configs=[], callbacks=[CountsSteps()],
+        optimizers=[object()],
+        lr_scheduler_configs=[],
+        callbacks=[CountsSteps()],
         strategy=SimpleNamespace(precision_plugin=SimpleNamespace(scaler=object())),
         datamodule=SimpleNamespace(num_clients=2),
     )
@@ -195,8 +203,15 @@ def test_timestamped_run_dir_is_resolved_once_per_fit(tmp_path, monkeypatch):
 
     stamps = (f"stamp{i}" for i in itertools.count())
     monkeypatch.setattr(reporting.time, "strftime", lambda fmt: next(stamps))
-    trainer = FederatedTrainer(num_rounds=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                               default_root_dir=str(tmp_path), limit_val_batches=0, num_sanity_val_steps=0)
+    trainer = FederatedTrainer(
+        num_rounds=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=str(tmp_path),
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+    )
     first = reporting.resolve_run_dir(trainer)
     assert reporting.resolve_run_dir(trainer) == first
     trainer.fit(BoringClassifier(), datamodule=make_datamodule())

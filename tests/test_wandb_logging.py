@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 import wandb
-
 from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
+
 from lightning_fed.loggers import WandbLogger, has_wandb_credentials
 
 

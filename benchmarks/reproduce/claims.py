@@ -72,8 +72,9 @@ _EMD_RUNS = ("zhao_emd_", "zhao_iid", "zhao_2class", "zhao_1class")
 
 def zhao_emd_points(summaries: Summaries) -> dict[float, float]:
     """Mean EMD to final global accuracy over the successful Zhao split runs (IID, target EMD, 2- and 1-class)."""
-    return {measures.mean_emd(summaries[name]): _final(summaries, name) for name in summaries
-            if name.startswith(_EMD_RUNS)}
+    return {
+        measures.mean_emd(summaries[name]): _final(summaries, name) for name in summaries if name.startswith(_EMD_RUNS)
+    }
 
 
 def zhao_beta_points(summaries: Summaries) -> dict[float, float]:
@@ -97,24 +98,35 @@ def _bmta(summaries: Summaries, name: str) -> float:
 
 
 def _fedamp_pathological(summaries: Summaries) -> Verdict:
-    fedamp = {"FedAMP": _bmta(summaries, "pathological_fedamp"),
-              "HeurFedAMP": _bmta(summaries, "pathological_heurfedamp")}
-    return rules.fedamp_pathological(fedamp, _bmta(summaries, "pathological_fedavg"),
-                                     _bmta(summaries, "pathological_separate"))
+    fedamp = {
+        "FedAMP": _bmta(summaries, "pathological_fedamp"),
+        "HeurFedAMP": _bmta(summaries, "pathological_heurfedamp"),
+    }
+    return rules.fedamp_pathological(
+        fedamp, _bmta(summaries, "pathological_fedavg"), _bmta(summaries, "pathological_separate")
+    )
 
 
 def _fedamp_practical(summaries: Summaries) -> Verdict:
-    return rules.fedamp_practical(_bmta(summaries, "practical_fedamp"), _bmta(summaries, "practical_separate"),
-                                  _bmta(summaries, "practical_fedavg"))
+    return rules.fedamp_practical(
+        _bmta(summaries, "practical_fedamp"),
+        _bmta(summaries, "practical_separate"),
+        _bmta(summaries, "practical_fedavg"),
+    )
 
 
-def _rounds_to_fedavg_final(method: str, run: str, fedavg: str,
-                            speedup_needed: float) -> Callable[[Summaries], Verdict]:
+def _rounds_to_fedavg_final(
+    method: str, run: str, fedavg: str, speedup_needed: float
+) -> Callable[[Summaries], Verdict]:
     def measure(summaries: Summaries) -> Verdict:
         target = _final(summaries, fedavg)
-        return rules.fewer_rounds(method, measures.rounds_to_reach(summaries[run], GLOBAL_ACC, target),
-                                  measures.rounds_to_reach(summaries[fedavg], GLOBAL_ACC, target), target,
-                                  speedup_needed)
+        return rules.fewer_rounds(
+            method,
+            measures.rounds_to_reach(summaries[run], GLOBAL_ACC, target),
+            measures.rounds_to_reach(summaries[fedavg], GLOBAL_ACC, target),
+            target,
+            speedup_needed,
+        )
 
     return measure
 
@@ -122,12 +134,17 @@ def _rounds_to_fedavg_final(method: str, run: str, fedavg: str,
 def _rfedavg_steadier(summaries: Summaries) -> Verdict:
     ours, fedavg = summaries["rfedavg_paper_sim0"], summaries["fedavg_rfedavg_sim0"]
     return rules.at_least_and_steadier(
-        "rFedAvg+", measures.tail_mean(ours, GLOBAL_ACC), measures.tail_mean(fedavg, GLOBAL_ACC),
-        measures.round_to_round_std(ours, GLOBAL_ACC), measures.round_to_round_std(fedavg, GLOBAL_ACC))
+        "rFedAvg+",
+        measures.tail_mean(ours, GLOBAL_ACC),
+        measures.tail_mean(fedavg, GLOBAL_ACC),
+        measures.round_to_round_std(ours, GLOBAL_ACC),
+        measures.round_to_round_std(fedavg, GLOBAL_ACC),
+    )
 
 
-def _against_baselines(method: str, run: str, baselines: Mapping[str, str],
-                       metric: Callable[[Summary], float]) -> Callable[[Summaries], Verdict]:
+def _against_baselines(
+    method: str, run: str, baselines: Mapping[str, str], metric: Callable[[Summary], float]
+) -> Callable[[Summaries], Verdict]:
     def measure(summaries: Summaries) -> Verdict:
         present = {label: metric(summaries[name]) for label, name in baselines.items() if name in summaries}
         if not present:
@@ -138,11 +155,26 @@ def _against_baselines(method: str, run: str, baselines: Mapping[str, str],
 
 
 _FEDGG_RUNS = {"FedAvg": "fedavg_fedgg_beta01", "FedProx": "fedprox_fedgg_beta01", "SCAFFOLD": "scaffold_fedgg_beta01"}
-_RFEDAVG_RUNS = {"FedAvg": "fedavg_rfedavg_sim0", "FedProx": "fedprox_rfedavg_sim0",
-                 "SCAFFOLD": "scaffold_rfedavg_sim0", "q-FedAvg": "qfedavg_rfedavg_sim0"}
-_PERSONAL_LABELS = {"fedamp": "FedAMP", "heurfedamp": "HeurFedAMP", "separate": "Separate", "fedavg": "FedAvg",
-                    "apfl": "APFL", "fedavg_ft": "FedAvg-FT", "fedprox_ft": "FedProx-FT"}
-_PRACTICAL_BASELINES = {"APFL": "practical_apfl", "FedAvg-FT": "practical_fedavg_ft", "FedProx-FT": "practical_fedprox_ft"}
+_RFEDAVG_RUNS = {
+    "FedAvg": "fedavg_rfedavg_sim0",
+    "FedProx": "fedprox_rfedavg_sim0",
+    "SCAFFOLD": "scaffold_rfedavg_sim0",
+    "q-FedAvg": "qfedavg_rfedavg_sim0",
+}
+_PERSONAL_LABELS = {
+    "fedamp": "FedAMP",
+    "heurfedamp": "HeurFedAMP",
+    "separate": "Separate",
+    "fedavg": "FedAvg",
+    "apfl": "APFL",
+    "fedavg_ft": "FedAvg-FT",
+    "fedprox_ft": "FedProx-FT",
+}
+_PRACTICAL_BASELINES = {
+    "APFL": "practical_apfl",
+    "FedAvg-FT": "practical_fedavg_ft",
+    "FedProx-FT": "practical_fedprox_ft",
+}
 
 
 def _personal_curves(split: str) -> tuple[tuple[str, str], ...]:
@@ -151,45 +183,58 @@ def _personal_curves(split: str) -> tuple[tuple[str, str], ...]:
 
 CLAIMS: tuple[Claim, ...] = (
     Claim(
-        key="zhao_emd", number="1",
+        key="zhao_emd",
+        number="1",
         text="Zhao: FedAvg accuracy falls as EMD rises; the 1-class split loses most.",
         paper="Table 2 / Fig. 5a: accuracy falls with EMD, by 6.5 points (MNIST), 37.0 (CIFAR-10), 40.2 (KWS) at "
-              "EMD 1.8",
+        "EMD 1.8",
         rule="reproduced: no rise > 1 point between consecutive EMD levels, the largest EMD (1-class) lowest and ≥ 5 "
-             "points below EMD 0; partly: the 1-class split lowest; not: otherwise. Final global test accuracy.",
-        curves=(("IID", "zhao_iid"), ("EMD 0.72", "zhao_emd_0.72"), ("EMD 1.44", "zhao_emd_1.44"),
-                ("2-class", "zhao_2class"), ("1-class", "zhao_1class")),
+        "points below EMD 0; partly: the 1-class split lowest; not: otherwise. Final global test accuracy.",
+        curves=(
+            ("IID", "zhao_iid"),
+            ("EMD 0.72", "zhao_emd_0.72"),
+            ("EMD 1.44", "zhao_emd_1.44"),
+            ("2-class", "zhao_2class"),
+            ("1-class", "zhao_1class"),
+        ),
         curve_metric=GLOBAL_ACC,
         requires=("zhao_iid", "zhao_1class"),
         measure=_zhao_emd,
         reads=tuple(name for name in EXPERIMENTS if name.startswith(("zhao_emd_", "zhao_2class"))),
     ),
     Claim(
-        key="zhao_sharing", number="2",
+        key="zhao_sharing",
+        number="2",
         text="Zhao: sharing β = 5–10 % balanced data, with a warm-up, recovers much of that loss.",
         paper="§4.2 / Fig. 7: CIFAR-10 1-class 44 % → 74.1 % with β = 10 % (+30 points)",
         rule="recovered = (acc_β − acc_1class) / (acc_IID − acc_1class) at the best β; reproduced: ≥ 50 %; partly: "
-             "≥ 20 %; not: less, or a gap under 2 points. Final global test accuracy.",
-        curves=(("IID", "zhao_iid"), ("1-class", "zhao_1class"), ("β 5 %", "zhao_share_0.05"),
-                ("β 10 %", "zhao_share_0.1")),
+        "≥ 20 %; not: less, or a gap under 2 points. Final global test accuracy.",
+        curves=(
+            ("IID", "zhao_iid"),
+            ("1-class", "zhao_1class"),
+            ("β 5 %", "zhao_share_0.05"),
+            ("β 10 %", "zhao_share_0.1"),
+        ),
         curve_metric=GLOBAL_ACC,
         requires=("zhao_iid", "zhao_1class"),
         measure=_zhao_sharing,
         reads=tuple(name for name in EXPERIMENTS if name.startswith("zhao_share_")),
     ),
     Claim(
-        key="fedamp_pathological", number="3",
+        key="fedamp_pathological",
+        number="3",
         text="FedAMP, pathological non-IID: FedAMP and HeurFedAMP BMTA ≫ FedAvg, ≈ Separate.",
         paper="Table 2, FMNIST BMTA: FedAMP 97.95, HeurFedAMP 98.17, Separate 97.67, FedAvg 77.88",
         rule="reproduced: each of FedAMP and HeurFedAMP ≥ FedAvg + 10 points and ≥ Separate − 2 points; partly: one "
-             "of them ≥ FedAvg + 5 points; not: otherwise. BMTA.",
+        "of them ≥ FedAvg + 5 points; not: otherwise. BMTA.",
         curves=_personal_curves("pathological"),
         curve_metric=None,
         requires=tuple(f"pathological_{m}" for m in ("fedamp", "heurfedamp", "fedavg", "separate")),
         measure=_fedamp_pathological,
     ),
     Claim(
-        key="fedamp_practical", number="4",
+        key="fedamp_practical",
+        number="4",
         text="FedAMP, practical non-IID: FedAMP ≥ Separate > FedAvg.",
         paper="Table 3, FMNIST BMTA: FedAMP 90.97, Separate 86.73, FedAvg 79.50",
         rule="reproduced: FedAMP ≥ Separate > FedAvg; partly: FedAMP > FedAvg; not: FedAMP ≤ FedAvg. BMTA.",
@@ -199,46 +244,50 @@ CLAIMS: tuple[Claim, ...] = (
         measure=_fedamp_practical,
     ),
     Claim(
-        key="fedcurv_rounds", number="5",
+        key="fedcurv_rounds",
+        number="5",
         text="FedCurv: many local epochs on a 2-shard split, fewer rounds than FedAvg to a target.",
         paper="Table 1, MNIST E = 10: to 90 % FedCurv 35 rounds vs FedAvg 51 (1.46×); to 95 % 99 vs 106",
         rule="target = FedAvg's final global test accuracy; speed-up = FedAvg's rounds / FedCurv's; reproduced: "
-             "≥ 1.2×; partly: > 1×; not: otherwise or never.",
+        "≥ 1.2×; partly: > 1×; not: otherwise or never.",
         curves=(("FedCurv", "fedcurv_paper"), ("FedAvg", "fedavg_fedcurv")),
         curve_metric=GLOBAL_ACC,
         requires=("fedcurv_paper", "fedavg_fedcurv"),
         measure=_rounds_to_fedavg_final("FedCurv", "fedcurv_paper", "fedavg_fedcurv", 1.2),
     ),
     Claim(
-        key="rfedavg_sim0", number="6",
+        key="rfedavg_sim0",
+        number="6",
         text="rFedAvg+: on similarity 0 %, accuracy at least FedAvg's, and steadier across rounds.",
         paper="Table I, MNIST cross-silo sim 0 %: rFedAvg+ 98.02 vs FedAvg 97.07; §VI: the baselines oscillate, "
-              "rFedAvg+ is steadier",
+        "rFedAvg+ is steadier",
         rule="accuracy = mean of the last 5 rounds' global test accuracy; steadiness = std of the round-to-round "
-             "change over the second half; reproduced: both ≥ FedAvg's / ≤ FedAvg's; partly: one; not: neither.",
+        "change over the second half; reproduced: both ≥ FedAvg's / ≤ FedAvg's; partly: one; not: neither.",
         curves=(("rFedAvg+", "rfedavg_paper_sim0"), *_RFEDAVG_RUNS.items()),
         curve_metric=GLOBAL_ACC,
         requires=("rfedavg_paper_sim0", "fedavg_rfedavg_sim0"),
         measure=_rfedavg_steadier,
     ),
     Claim(
-        key="fedgg_rounds", number="7",
+        key="fedgg_rounds",
+        number="7",
         text="FedGG: under Dirichlet β = 0.1, fewer rounds than FedAvg to FedAvg's final accuracy.",
         paper="Table 4, rounds to FedAvg's round-100 accuracy: 75 (SVHN, 1.33×), 38 (CIFAR-10, 2.63×), 57 "
-              "(CIFAR-100, 1.75×)",
+        "(CIFAR-100, 1.75×)",
         rule="target = FedAvg's final global test accuracy; speed-up = FedAvg's rounds to it / FedGG's; reproduced: "
-             "≥ 1.25×; partly: > 1×; not: otherwise or never.",
+        "≥ 1.25×; partly: > 1×; not: otherwise or never.",
         curves=(("FedGG", "fedgg_paper_beta01"), *_FEDGG_RUNS.items()),
         curve_metric=GLOBAL_ACC,
         requires=("fedgg_paper_beta01", "fedavg_fedgg_beta01"),
         measure=_rounds_to_fedavg_final("FedGG", "fedgg_paper_beta01", "fedavg_fedgg_beta01", 1.25),
     ),
     Claim(
-        key="baselines_fedgg", number="8a",
+        key="baselines_fedgg",
+        number="8a",
         text="Baselines: FedGG above FedAvg, FedProx and SCAFFOLD under Dirichlet β = 0.1.",
         paper="Table 2, CIFAR-10 β = 0.1, highest accuracy: FedGG 63.8, FedAvg 61.6, SCAFFOLD 61.2, FedProx 60.5",
         rule="best global test accuracy over rounds; reproduced: FedGG ≥ every baseline; partly: ≥ one; not: below "
-             "all.",
+        "all.",
         curves=(),
         curve_metric=GLOBAL_ACC,
         requires=("fedgg_paper_beta01",),
@@ -246,21 +295,24 @@ CLAIMS: tuple[Claim, ...] = (
         reads=tuple(_FEDGG_RUNS.values()),
     ),
     Claim(
-        key="baselines_rfedavg", number="8b",
+        key="baselines_rfedavg",
+        number="8b",
         text="Baselines: rFedAvg+ above FedAvg, FedProx, SCAFFOLD and q-FedAvg on similarity 0 %.",
         paper="Table I, MNIST cross-silo sim 0 %: rFedAvg+ 98.02, SCAFFOLD 97.35, q-FedAvg 97.28, FedAvg 97.07, "
-              "FedProx 85.74",
+        "FedProx 85.74",
         rule="mean of the last 5 rounds' global test accuracy; reproduced: rFedAvg+ ≥ every baseline; partly: ≥ one; "
-             "not: below all.",
+        "not: below all.",
         curves=(),
         curve_metric=GLOBAL_ACC,
         requires=("rfedavg_paper_sim0",),
-        measure=_against_baselines("rFedAvg+", "rfedavg_paper_sim0", _RFEDAVG_RUNS,
-                                   lambda s: measures.tail_mean(s, GLOBAL_ACC)),
+        measure=_against_baselines(
+            "rFedAvg+", "rfedavg_paper_sim0", _RFEDAVG_RUNS, lambda s: measures.tail_mean(s, GLOBAL_ACC)
+        ),
         reads=tuple(_RFEDAVG_RUNS.values()),
     ),
     Claim(
-        key="baselines_fedamp", number="8c",
+        key="baselines_fedamp",
+        number="8c",
         text="Baselines: FedAMP above APFL, FedAvg-FT and FedProx-FT on practical non-IID.",
         paper="Table 3, FMNIST BMTA: FedAMP 90.97, FedAvg-FT 89.73, FedProx-FT 87.51, APFL 84.08",
         rule="BMTA; reproduced: FedAMP ≥ every baseline; partly: ≥ one; not: below all.",

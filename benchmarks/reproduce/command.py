@@ -37,28 +37,53 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lightning-fed reproduce", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profile", choices=PROFILES, default="small",
-                        help="smoke: 1 round, tiny data; small: the YAML presets (≤ 1 h on 2 cores); full: the papers' "
-                             "rounds and client numbers")
-    parser.add_argument("--out-dir", type=Path, help="where runs, figures and REPRODUCTION.md go "
-                                                     "(default runs/reproduce/<profile>)")
+    parser = argparse.ArgumentParser(
+        prog="lightning-fed reproduce",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default="small",
+        help="smoke: 1 round, tiny data; small: the YAML presets (≤ 1 h on 2 cores); full: the papers' "
+        "rounds and client numbers",
+    )
+    parser.add_argument(
+        "--out-dir", type=Path, help="where runs, figures and REPRODUCTION.md go (default runs/reproduce/<profile>)"
+    )
     parser.add_argument("--claims", nargs="+", help="claim keys or numbers (default: all)")
-    parser.add_argument("--runs", nargs="+", help="only these runs (e.g. to rerun a failed one; default: every run of the "
-                                                   "chosen claims in the profile)")
+    parser.add_argument(
+        "--runs",
+        nargs="+",
+        help="only these runs (e.g. to rerun a failed one; default: every run of the chosen claims in the profile)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="parallel runs, one CPU thread each (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (default 1)")
-    parser.add_argument("--in-process", action="store_true", help="run sequentially in this process (no startup cost "
-                                                                   "per run; what the tests use)")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run sequentially in this process (no startup cost per run; what the tests use)",
+    )
     parser.add_argument("--timeout", type=float, help="seconds after which a run is stopped and marked failed")
-    parser.add_argument("--override", action="append", default=[], metavar="ARG",
-                        help="extra `lightning-fed fit` argument for every run, e.g. --override=--trainer.num_rounds=2")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra `lightning-fed fit` argument for every run, e.g. --override=--trainer.num_rounds=2",
+    )
     parser.add_argument("--no-wandb", action="store_true", help="do not log the runs and the report to W&B")
     parser.add_argument("--wandb-project", default="lightning-fed-reproduce")
-    parser.add_argument("--root", type=Path, default=CHECKOUT,
-                        help="repository root holding configs/ (default: the checkout this command is in)")
-    parser.add_argument("--report-only", action="store_true", help="write the report from the runs already in --out-dir")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=CHECKOUT,
+        help="repository root holding configs/ (default: the checkout this command is in)",
+    )
+    parser.add_argument(
+        "--report-only", action="store_true", help="write the report from the runs already in --out-dir"
+    )
     parser.add_argument("--list", action="store_true", help="print the runs' commands and exit")
     return parser
 
@@ -69,8 +94,10 @@ def _print_progress(total: int) -> Callable[[RunResult], None]:
     def on_done(result: RunResult) -> None:
         done.append(result)
         reason = "" if result.ok else f": {(result.error or '').splitlines()[0]}"
-        print(f"[reproduce] ({len(done)}/{total}) {result.name} {result.status} in {result.wall_s:.0f} s{reason}",
-              flush=True)
+        print(
+            f"[reproduce] ({len(done)}/{total}) {result.name} {result.status} in {result.wall_s:.0f} s{reason}",
+            flush=True,
+        )
 
     return on_done
 
@@ -97,8 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     wandb = None if args.no_wandb else WandbOptions(args.wandb_project, args.profile)
     if args.list:
         for run in experiments:
-            print(shown_command(fit_args(run, args.profile, run_dir_of(out_dir, run.name), root, wandb, args.override),
-                                root))
+            print(
+                shown_command(
+                    fit_args(run, args.profile, run_dir_of(out_dir, run.name), root, wandb, args.override), root
+                )
+            )
         return 0
     start = time.perf_counter()
     if args.report_only:
@@ -106,9 +136,19 @@ def main(argv: list[str] | None = None) -> int:
     else:
         how = "in this process" if args.in_process else f"{args.workers} parallel workers"
         print(f"[reproduce] {len(experiments)} runs, profile {args.profile}, {how} -> {out_dir}", flush=True)
-        results = run_all(experiments, args.profile, out_dir, root, workers=args.workers, in_process=args.in_process,
-                          on_done=_print_progress(len(experiments)), wandb=wandb, extra=args.override,
-                          threads=args.threads, timeout_s=args.timeout)
+        results = run_all(
+            experiments,
+            args.profile,
+            out_dir,
+            root,
+            workers=args.workers,
+            in_process=args.in_process,
+            on_done=_print_progress(len(experiments)),
+            wandb=wandb,
+            extra=args.override,
+            threads=args.threads,
+            timeout_s=args.timeout,
+        )
     context = _context(args, argv, results, time.perf_counter() - start)
     report = write_report(out_dir, args.profile, claims, results, context)
     if wandb is not None:
@@ -119,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         verdict = report.verdicts[claim.key]
         print(f"[reproduce] claim {claim.number}: {verdict.verdict} ({verdict.ours})")
     failed = [result.name for result in results if not result.ok]
-    print(f"[reproduce] report: {report.path}" + (f" ({len(failed)} failed runs: {', '.join(failed)})" if failed else ""))
+    print(
+        f"[reproduce] report: {report.path}" + (f" ({len(failed)} failed runs: {', '.join(failed)})" if failed else "")
+    )
     return 1 if failed else 0
 
 

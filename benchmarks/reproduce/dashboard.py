@@ -16,11 +16,19 @@ def log_report(report: Report, claims: list[Claim] | tuple[Claim, ...], options:
     import wandb
 
     mode = "online" if has_wandb_credentials() else "offline"
-    run = wandb.init(project=options.project, group=options.group, name=f"report-{options.group}", job_type="report",
-                     dir=str(out_dir), mode=mode)
+    run = wandb.init(
+        project=options.project,
+        group=options.group,
+        name=f"report-{options.group}",
+        job_type="report",
+        dir=str(out_dir),
+        mode=mode,
+    )
     try:
         images = {f"report/{path.stem}": wandb.Image(str(path)) for path in report.figures}
-        rows = [[c.number, c.text, c.paper, report.verdicts[c.key].ours, report.verdicts[c.key].verdict] for c in claims]
+        rows = [
+            [c.number, c.text, c.paper, report.verdicts[c.key].ours, report.verdicts[c.key].verdict] for c in claims
+        ]
         table = wandb.Table(columns=["claim", "text", "paper", "ours", "verdict"], data=rows)
         run.log({**images, "report/claims": table})
     finally:

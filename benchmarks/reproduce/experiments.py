@@ -42,8 +42,12 @@ SCALING: dict[str, dict[str, tuple[str, ...]]] = {
         "full": ("--trainer.num_rounds", "100"),
     },
     "practical": {
-        "smoke": (*_ONE_ROUND, "--data.init_args.partitioner.init_args.samples_per_client=[60,45,30]",
-                  "--data.init_args.client_test_size", "15"),
+        "smoke": (
+            *_ONE_ROUND,
+            "--data.init_args.partitioner.init_args.samples_per_client=[60,45,30]",
+            "--data.init_args.client_test_size",
+            "15",
+        ),
         "small": (),
         "full": ("--trainer.num_rounds", "100"),
     },
@@ -91,19 +95,41 @@ class Experiment:
 
 def _zhao() -> list[Experiment]:
     emd_levels = {0.36: FULL, 0.72: SMALL_AND_FULL, 1.08: FULL, 1.44: SMALL_AND_FULL, 1.62: FULL, 1.764: FULL}
-    target_emd = ("--data.init_args.partitioner", "lightning_fed.datamodules.TargetEmdPartitioner",
-                  "--data.init_args.partitioner.init_args.num_partitions", "10",
-                  "--data.init_args.partitioner.init_args.target_emd")
+    target_emd = (
+        "--data.init_args.partitioner",
+        "lightning_fed.datamodules.TargetEmdPartitioner",
+        "--data.init_args.partitioner.init_args.num_partitions",
+        "10",
+        "--data.init_args.partitioner.init_args.target_emd",
+    )
     runs = [Experiment("zhao_iid", ("configs/experiments/zhao_iid.yaml",), "zhao", value=0.0)]
-    runs += [Experiment(f"zhao_emd_{level:g}", ("configs/experiments/zhao_emd.yaml",), "zhao_target",
-                        (*target_emd, str(level)), level, profiles) for level, profiles in emd_levels.items()]
+    runs += [
+        Experiment(
+            f"zhao_emd_{level:g}",
+            ("configs/experiments/zhao_emd.yaml",),
+            "zhao_target",
+            (*target_emd, str(level)),
+            level,
+            profiles,
+        )
+        for level, profiles in emd_levels.items()
+    ]
     runs += [
         Experiment("zhao_2class", ("configs/experiments/zhao_2class.yaml",), "zhao", profiles=SMALL_AND_FULL),
         Experiment("zhao_1class", ("configs/experiments/zhao_1class.yaml",), "zhao", value=0.0),
     ]
     betas = {0.025: FULL, 0.05: ALL, 0.1: SMALL_AND_FULL, 0.2: FULL}
-    runs += [Experiment(f"zhao_share_{beta:g}", ("configs/experiments/zhao_sharing.yaml",), "zhao_sharing",
-                        ("--data.init_args.sharing.beta", str(beta)), beta, profiles) for beta, profiles in betas.items()]
+    runs += [
+        Experiment(
+            f"zhao_share_{beta:g}",
+            ("configs/experiments/zhao_sharing.yaml",),
+            "zhao_sharing",
+            ("--data.init_args.sharing.beta", str(beta)),
+            beta,
+            profiles,
+        )
+        for beta, profiles in betas.items()
+    ]
     return runs
 
 
@@ -113,8 +139,15 @@ def _zhao() -> list[Experiment]:
 PERSONALIZED_METHODS = ("fedamp", "heurfedamp", "separate", "fedavg", "apfl", "fedavg_ft", "fedprox_ft")
 _PERSONALIZED_PROFILES = {
     "pathological": {"fedamp": ALL, "heurfedamp": ALL, "separate": ALL, "fedavg": ALL},
-    "practical": {"fedamp": ALL, "separate": ALL, "fedavg": ALL, "apfl": ALL, "heurfedamp": SMALL_AND_FULL,
-                  "fedavg_ft": SMALL_AND_FULL, "fedprox_ft": SMALL_AND_FULL},
+    "practical": {
+        "fedamp": ALL,
+        "separate": ALL,
+        "fedavg": ALL,
+        "apfl": ALL,
+        "heurfedamp": SMALL_AND_FULL,
+        "fedavg_ft": SMALL_AND_FULL,
+        "fedprox_ft": SMALL_AND_FULL,
+    },
 }
 
 
@@ -128,8 +161,16 @@ def _personalized() -> list[Experiment]:
     return runs
 
 
-_MNIST1D_SMOKE_RUNS = {"fedcurv_paper", "fedavg_fedcurv", "rfedavg_paper_sim0", "fedavg_rfedavg_sim0",
-                       "fedprox_rfedavg_sim0", "fedgg_paper_beta01", "fedavg_fedgg_beta01", "scaffold_fedgg_beta01"}
+_MNIST1D_SMOKE_RUNS = {
+    "fedcurv_paper",
+    "fedavg_fedcurv",
+    "rfedavg_paper_sim0",
+    "fedavg_rfedavg_sim0",
+    "fedprox_rfedavg_sim0",
+    "fedgg_paper_beta01",
+    "fedavg_fedgg_beta01",
+    "scaffold_fedgg_beta01",
+}
 
 
 def _mnist1d() -> list[Experiment]:
@@ -139,8 +180,13 @@ def _mnist1d() -> list[Experiment]:
 
     names = {
         "fedcurv": ("fedcurv_paper", "fedavg_fedcurv"),
-        "rfedavg": ("rfedavg_paper_sim0", "fedavg_rfedavg_sim0", "fedprox_rfedavg_sim0", "scaffold_rfedavg_sim0",
-                    "qfedavg_rfedavg_sim0"),
+        "rfedavg": (
+            "rfedavg_paper_sim0",
+            "fedavg_rfedavg_sim0",
+            "fedprox_rfedavg_sim0",
+            "scaffold_rfedavg_sim0",
+            "qfedavg_rfedavg_sim0",
+        ),
         "fedgg": ("fedgg_paper_beta01", "fedavg_fedgg_beta01", "fedprox_fedgg_beta01", "scaffold_fedgg_beta01"),
     }
     return [run(name, family) for family, group in names.items() for name in group]

@@ -52,8 +52,9 @@ def accuracy_vs(points: Mapping[float, float], x_label: str, title: str, path: P
     return save_figure(figure, path)
 
 
-def client_distribution(curves: tuple[tuple[str, str], ...], summaries: Mapping[str, Summary], title: str,
-                        path: Path) -> Path | None:
+def client_distribution(
+    curves: tuple[tuple[str, str], ...], summaries: Mapping[str, Summary], title: str, path: Path
+) -> Path | None:
     """Each method's per-client accuracies in its last evaluation (FedAMP's Fig. 2); ``None`` without data."""
     accuracies = {}
     for label, name in curves:
@@ -72,8 +73,11 @@ def copy_xi_heatmaps(run_dirs: Mapping[str, Path], out_dir: Path) -> list[Path]:
     folder; the names sort by round, as FedAMP's ``xi/round_NNNN.png``) to ``out_dir/xi_<run>.png``."""
     copied = []
     for name, run_dir in sorted(run_dirs.items()):
-        heatmaps = sorted(path for path in run_dir.rglob("*.png")
-                          if "xi" in path.relative_to(run_dir).as_posix() and "wandb" not in path.relative_to(run_dir).parts)
+        heatmaps = sorted(
+            path
+            for path in run_dir.rglob("*.png")
+            if "xi" in path.relative_to(run_dir).as_posix() and "wandb" not in path.relative_to(run_dir).parts
+        )
         if heatmaps:
             target = out_dir / f"xi_{name}.png"
             shutil.copyfile(heatmaps[-1], target)

@@ -62,7 +62,7 @@ def round_to_round_std(summary: Summary, key: str, from_fraction: float = 0.5) -
     """Population std of the change of ``key`` between consecutive logged rounds, over the last part of the run
     (from ``from_fraction`` of the rounds on), the "oscillation" the rFedAvg paper compares."""
     values = [value for _, value in series(summary, key)]
-    tail = values[int(len(values) * from_fraction):]
+    tail = values[int(len(values) * from_fraction) :]
     changes = [later - earlier for earlier, later in pairwise(tail)]
     if not changes:
         raise MissingMetricError(f"{key!r} needs at least two rounds in the second half of the run")

@@ -52,25 +52,32 @@ def _figure_jobs(claims: Sequence[Claim], summaries: Mapping[str, Summary]) -> d
     # The sweeps' points are read inside the job, so that a run lacking a metric costs only that figure.
     if "zhao_emd" in keys:
         jobs["accuracy_vs_emd.png"] = lambda path: figures.accuracy_vs(
-            zhao_emd_points(summaries), "mean EMD", "Zhao: FedAvg test accuracy vs EMD", path)
+            zhao_emd_points(summaries), "mean EMD", "Zhao: FedAvg test accuracy vs EMD", path
+        )
     if "zhao_sharing" in keys:
         jobs["accuracy_vs_beta.png"] = lambda path: figures.accuracy_vs(
-            _beta_with_baseline(summaries), "shared fraction beta", "Zhao: 1-class non-IID with data sharing", path)
+            _beta_with_baseline(summaries), "shared fraction beta", "Zhao: 1-class non-IID with data sharing", path
+        )
     for split, curves in CLIENT_DISTRIBUTIONS.items():
         if f"fedamp_{split}" in keys:
-            jobs[f"client_accuracy_{split}.png"] = partial(figures.client_distribution, curves, summaries,
-                                                           f"Per-client accuracy, {split} non-IID (last evaluation)")
+            jobs[f"client_accuracy_{split}.png"] = partial(
+                figures.client_distribution,
+                curves,
+                summaries,
+                f"Per-client accuracy, {split} non-IID (last evaluation)",
+            )
     return jobs
 
 
-def _draw(out_dir: Path, claims: Sequence[Claim], summaries: Mapping[str, Summary],
-          results: Sequence[RunResult]) -> tuple[list[Path], list[str]]:
+def _draw(
+    out_dir: Path, claims: Sequence[Claim], summaries: Mapping[str, Summary], results: Sequence[RunResult]
+) -> tuple[list[Path], list[str]]:
     """Every figure; a figure that cannot be drawn is reported and skipped."""
     drawn, errors = [], []
     for name, job in _figure_jobs(claims, summaries).items():
         try:
             path = job(out_dir / name)
-        except Exception as error:  # noqa: BLE001 - a figure must not cost the report
+        except Exception as error:
             errors.append(f"{name}: {type(error).__name__}: {error}")
             continue
         if path is not None:
@@ -84,20 +91,42 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _markdown(profile: str, claims: Sequence[Claim], verdicts: Mapping[str, Verdict], results: Sequence[RunResult],
-              drawn: Sequence[Path], errors: Sequence[str], context: Mapping[str, str]) -> str:
+def _markdown(
+    profile: str,
+    claims: Sequence[Claim],
+    verdicts: Mapping[str, Verdict],
+    results: Sequence[RunResult],
+    drawn: Sequence[Path],
+    errors: Sequence[str],
+    context: Mapping[str, str],
+) -> str:
     failed = [result for result in results if not result.ok]
     lines = [
-        f"# Reproduction report ({profile} profile)", "",
+        f"# Reproduction report ({profile} profile)",
+        "",
         *(f"- {key}: {value}" for key, value in context.items()),
-        f"- runs: {len(results) - len(failed)} ok, {len(failed)} failed", "",
-        "| # | claim | paper | ours | verdict |", "|---|---|---|---|---|",
-        *(f"| {c.number} | {_cell(c.text)} | {_cell(c.paper)} | {_cell(verdicts[c.key].ours)} | "
-          f"**{verdicts[c.key].verdict}** |" for c in claims),
-        "", "## Verdict rules (fixed before any result)", "",
+        f"- runs: {len(results) - len(failed)} ok, {len(failed)} failed",
+        "",
+        "| # | claim | paper | ours | verdict |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {c.number} | {_cell(c.text)} | {_cell(c.paper)} | {_cell(verdicts[c.key].ours)} | "
+            f"**{verdicts[c.key].verdict}** |"
+            for c in claims
+        ),
+        "",
+        "## Verdict rules (fixed before any result)",
+        "",
         *(f"- **{c.number}** ({c.key}): {c.rule}" for c in claims),
-        "", "## Runs", "", "| run | status | wall time | command |", "|---|---|---|---|",
-        *(f"| {r.name} | {'ok' if r.ok else '**FAILED**'} | {r.wall_s:.0f} s | `{_cell(r.command)}` |" for r in results),
+        "",
+        "## Runs",
+        "",
+        "| run | status | wall time | command |",
+        "|---|---|---|---|",
+        *(
+            f"| {r.name} | {'ok' if r.ok else '**FAILED**'} | {r.wall_s:.0f} s | `{_cell(r.command)}` |"
+            for r in results
+        ),
     ]
     if failed:
         lines += ["", "## Failed runs", ""]
@@ -119,8 +148,9 @@ def run_context(command: str, wall_s: float, how: str) -> dict[str, str]:
     }
 
 
-def write_report(out_dir: Path, profile: str, claims: Sequence[Claim], results: Sequence[RunResult],
-                 context: Mapping[str, str]) -> Report:
+def write_report(
+    out_dir: Path, profile: str, claims: Sequence[Claim], results: Sequence[RunResult], context: Mapping[str, str]
+) -> Report:
     """Writes ``REPRODUCTION.md``, ``reproduction.json`` and the figures into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = _summaries(results)
@@ -129,9 +159,20 @@ def write_report(out_dir: Path, profile: str, claims: Sequence[Claim], results: 
     path = out_dir / "REPRODUCTION.md"
     path.write_text(_markdown(profile, claims, verdicts, results, drawn, errors, context))
     payload = {
-        "profile": profile, **context,
-        "claims": [{"number": c.number, "key": c.key, "claim": c.text, "paper": c.paper, "rule": c.rule,
-                    "ours": verdicts[c.key].ours, "verdict": verdicts[c.key].verdict} for c in claims],
+        "profile": profile,
+        **context,
+        "claims": [
+            {
+                "number": c.number,
+                "key": c.key,
+                "claim": c.text,
+                "paper": c.paper,
+                "rule": c.rule,
+                "ours": verdicts[c.key].ours,
+                "verdict": verdicts[c.key].verdict,
+            }
+            for c in claims
+        ],
         "runs": [{"name": r.name, "status": r.status, "wall_s": r.wall_s, "error": r.error} for r in results],
     }
     (out_dir / "reproduction.json").write_text(json.dumps(payload, indent=2))

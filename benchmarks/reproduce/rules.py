@@ -26,8 +26,9 @@ def pct(value: float) -> str:
     return f"{100 * value:.1f} %"
 
 
-def accuracy_falls_with_emd(points: Sequence[tuple[float, float]], min_total_drop: float = 0.05,
-                            max_rise: float = 0.01) -> Verdict:
+def accuracy_falls_with_emd(
+    points: Sequence[tuple[float, float]], min_total_drop: float = 0.05, max_rise: float = 0.01
+) -> Verdict:
     """Zhao claim 1. ``points`` are (mean EMD, accuracy), one per split.
 
     reproduced: from one EMD level to the next the accuracy never rises by more than ``max_rise``, the largest EMD
@@ -48,8 +49,14 @@ def accuracy_falls_with_emd(points: Sequence[tuple[float, float]], min_total_dro
     return Verdict(PARTLY if lowest_last and drop > 0 else NOT, ours)
 
 
-def sharing_recovers(iid: float, no_sharing: float, shared: Mapping[float, float], large: float = 0.5,
-                     some: float = 0.2, min_gap: float = 0.02) -> Verdict:
+def sharing_recovers(
+    iid: float,
+    no_sharing: float,
+    shared: Mapping[float, float],
+    large: float = 0.5,
+    some: float = 0.2,
+    min_gap: float = 0.02,
+) -> Verdict:
     """Zhao claim 2. ``shared`` maps β to the accuracy with sharing and warm-up.
 
     The recovered fraction of the IID − non-IID gap is (acc_β − acc_0) / (acc_IID − acc_0) at the best β. reproduced:
@@ -62,14 +69,23 @@ def sharing_recovers(iid: float, no_sharing: float, shared: Mapping[float, float
     beta, accuracy = max(shared.items(), key=lambda item: item[1])
     recovered = (accuracy - no_sharing) / gap if gap > 0 else 0.0
     listing = ", ".join(f"β {b:g}: {pct(a)}" for b, a in sorted(shared.items()))
-    ours = f"IID {pct(iid)}, 1-class {pct(no_sharing)}, {listing}; β = {beta:g} recovers {100 * recovered:.0f} % of the gap"
+    ours = (
+        f"IID {pct(iid)}, 1-class {pct(no_sharing)}, {listing}; β = {beta:g} recovers {100 * recovered:.0f} % of"
+        " the gap"
+    )
     if gap < min_gap:
         return Verdict(NOT, ours + f" (gap below {pct(min_gap)})")
     return Verdict(REPRODUCED if recovered >= large else PARTLY if recovered >= some else NOT, ours)
 
 
-def fedamp_pathological(fedamp: Mapping[str, float], fedavg: float, separate: float, margin: float = 0.10,
-                        close: float = 0.02, weak_margin: float = 0.05) -> Verdict:
+def fedamp_pathological(
+    fedamp: Mapping[str, float],
+    fedavg: float,
+    separate: float,
+    margin: float = 0.10,
+    close: float = 0.02,
+    weak_margin: float = 0.05,
+) -> Verdict:
     """FedAMP claim 3 (BMTA). ``fedamp`` maps "FedAMP" and "HeurFedAMP" to their BMTA.
 
     reproduced: each is ≥ FedAvg + ``margin`` (the paper: +20 points on FMNIST) and ≥ Separate − ``close``;
@@ -97,8 +113,9 @@ def _rounds(rounds: float | None) -> str:
     return "never" if rounds is None else f"{rounds:g}"
 
 
-def fewer_rounds(method: str, rounds: float | None, baseline_rounds: float | None, target: float,
-                 speedup_needed: float) -> Verdict:
+def fewer_rounds(
+    method: str, rounds: float | None, baseline_rounds: float | None, target: float, speedup_needed: float
+) -> Verdict:
     """Claims 5 and 7: rounds to a target accuracy, against FedAvg's rounds to it.
 
     reproduced: FedAvg's rounds / the method's ≥ ``speedup_needed``; partly: the method gets there in fewer rounds;
@@ -115,14 +132,17 @@ def fewer_rounds(method: str, rounds: float | None, baseline_rounds: float | Non
     return Verdict(REPRODUCED if speedup >= speedup_needed else PARTLY if speedup > 1 else NOT, ours)
 
 
-def at_least_and_steadier(method: str, accuracy: float, baseline: float, oscillation: float,
-                          baseline_oscillation: float) -> Verdict:
+def at_least_and_steadier(
+    method: str, accuracy: float, baseline: float, oscillation: float, baseline_oscillation: float
+) -> Verdict:
     """rFedAvg+ claim 6: accuracy ≥ FedAvg's and steadier across rounds (smaller round-to-round std).
 
     reproduced: both; partly: one of the two; not: neither.
     """
-    ours = (f"{method} {pct(accuracy)} vs FedAvg {pct(baseline)}; round-to-round std {100 * oscillation:.2f} vs "
-            f"{100 * baseline_oscillation:.2f} points")
+    ours = (
+        f"{method} {pct(accuracy)} vs FedAvg {pct(baseline)}; round-to-round std {100 * oscillation:.2f} vs "
+        f"{100 * baseline_oscillation:.2f} points"
+    )
     holds = (accuracy >= baseline) + (oscillation <= baseline_oscillation)
     return Verdict(REPRODUCED if holds == 2 else PARTLY if holds == 1 else NOT, ours)
 

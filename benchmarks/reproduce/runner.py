@@ -58,19 +58,42 @@ def run_dir_of(out_dir: Path, name: str) -> Path:
     return out_dir / "runs" / name
 
 
-def fit_args(experiment: Experiment, profile: str, run_dir: Path, root: Path, wandb: WandbOptions | None,
-             extra: Sequence[str] = ()) -> list[str]:
+def fit_args(
+    experiment: Experiment,
+    profile: str,
+    run_dir: Path,
+    root: Path,
+    wandb: WandbOptions | None,
+    extra: Sequence[str] = (),
+) -> list[str]:
     """The ``lightning-fed fit`` arguments of one run: its YAML files (absolute), sweep and profile overrides,
     ``extra``, then where it writes and what it logs to."""
     args = [str(root / part) if part.endswith(".yaml") else part for part in experiment.cli_args(profile)]
     logger = ["--trainer.logger", "false"]
     if wandb is not None:
-        logger = ["--trainer.logger", "lightning_fed.loggers.WandbLogger",
-                  "--trainer.logger.init_args.project", wandb.project, "--trainer.logger.init_args.group", wandb.group,
-                  "--trainer.logger.init_args.name", experiment.name, "--trainer.logger.init_args.save_dir", str(run_dir)]
+        logger = [
+            "--trainer.logger",
+            "lightning_fed.loggers.WandbLogger",
+            "--trainer.logger.init_args.project",
+            wandb.project,
+            "--trainer.logger.init_args.group",
+            wandb.group,
+            "--trainer.logger.init_args.name",
+            experiment.name,
+            "--trainer.logger.init_args.save_dir",
+            str(run_dir),
+        ]
     # No checkpoints: a reproduction run is rerun, not resumed, and saving every round costs time.
-    placement = ["--trainer.run_dir", str(run_dir), "--trainer.default_root_dir", str(run_dir),
-                 "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false"]
+    placement = [
+        "--trainer.run_dir",
+        str(run_dir),
+        "--trainer.default_root_dir",
+        str(run_dir),
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
     return ["fit", *args, *extra, *placement, *logger]
 
 
@@ -96,12 +119,15 @@ def _log_tail(log_path: Path) -> str:
     return text[-_LOG_TAIL_CHARS:].strip()
 
 
-def _run_subprocess(args: list[str], log_path: Path, root: Path, env: dict[str, str], timeout_s: float | None) -> str | None:
+def _run_subprocess(
+    args: list[str], log_path: Path, root: Path, env: dict[str, str], timeout_s: float | None
+) -> str | None:
     command = [sys.executable, "-m", "lightning_fed.cli", *args]
     with log_path.open("w") as log:
         try:
-            code = subprocess.run(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=timeout_s, check=False).returncode
+            code = subprocess.run(
+                command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
+            ).returncode
         except subprocess.TimeoutExpired:
             return f"timed out after {timeout_s:g} s"
     return None if code == 0 else f"exit code {code}"
@@ -113,7 +139,7 @@ def _run_in_process(args: list[str], log_path: Path) -> str | None:
     with log_path.open("w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         try:
             FederatedCLI(args=args)
-        except (Exception, SystemExit) as error:  # noqa: BLE001 - a failed run is reported; the suite goes on
+        except (Exception, SystemExit) as error:
             traceback.print_exc(file=log)
             return f"{type(error).__name__}: {error}"
         finally:
@@ -124,9 +150,17 @@ def _run_in_process(args: list[str], log_path: Path) -> str | None:
     return None
 
 
-def run_one(experiment: Experiment, profile: str, out_dir: Path, root: Path, wandb: WandbOptions | None = None,
-            extra: Sequence[str] = (), in_process: bool = False, threads: int = 1,
-            timeout_s: float | None = None) -> RunResult:
+def run_one(
+    experiment: Experiment,
+    profile: str,
+    out_dir: Path,
+    root: Path,
+    wandb: WandbOptions | None = None,
+    extra: Sequence[str] = (),
+    in_process: bool = False,
+    threads: int = 1,
+    timeout_s: float | None = None,
+) -> RunResult:
     """Runs one experiment and records its status; never raises for a failed run."""
     run_dir = run_dir_of(out_dir, experiment.name)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -146,14 +180,23 @@ def run_one(experiment: Experiment, profile: str, out_dir: Path, root: Path, wan
     if error and not missing:
         tail = _log_tail(run_dir / "run.log")
         error = f"{error}\n{tail}" if tail else error
-    result = RunResult(experiment.name, FAILED if error else OK, str(run_dir), time.perf_counter() - start, command, error)
+    result = RunResult(
+        experiment.name, FAILED if error else OK, str(run_dir), time.perf_counter() - start, command, error
+    )
     (run_dir / "status.json").write_text(json.dumps(asdict(result), indent=2))
     return result
 
 
-def run_all(experiments: Sequence[Experiment], profile: str, out_dir: Path, root: Path, workers: int = 2,
-            in_process: bool = False, on_done: Callable[[RunResult], None] | None = None,
-            **kwargs: Any) -> list[RunResult]:
+def run_all(
+    experiments: Sequence[Experiment],
+    profile: str,
+    out_dir: Path,
+    root: Path,
+    workers: int = 2,
+    in_process: bool = False,
+    on_done: Callable[[RunResult], None] | None = None,
+    **kwargs: Any,
+) -> list[RunResult]:
     """Runs ``experiments`` on ``workers`` parallel subprocesses (sequentially in this process when
     ``in_process``); returns the results in the order given. ``kwargs`` go to :func:`run_one`."""
     if workers < 1:
@@ -179,8 +222,16 @@ def load_results(out_dir: Path, experiments: Sequence[Experiment]) -> list[RunRe
         if path.is_file():
             results.append(RunResult(**json.loads(path.read_text())))
         else:
-            results.append(RunResult(experiment.name, FAILED, str(run_dir_of(out_dir, experiment.name)), 0.0, "",
-                                     "not run (no status.json)"))
+            results.append(
+                RunResult(
+                    experiment.name,
+                    FAILED,
+                    str(run_dir_of(out_dir, experiment.name)),
+                    0.0,
+                    "",
+                    "not run (no status.json)",
+                )
+            )
     return results
 
 

@@ -2,11 +2,11 @@
 
 from lightning_fed.callbacks.apfl import APFL
 from lightning_fed.callbacks.base import FedCallback
+from lightning_fed.callbacks.feature_loss import FeatureLossTerm, FeatureMixin
 from lightning_fed.callbacks.fedamp import FedAMP
 from lightning_fed.callbacks.fedcurv import FedCurv
 from lightning_fed.callbacks.fedgg import FedGG
 from lightning_fed.callbacks.fedprox import FedProx
-from lightning_fed.callbacks.feature_loss import FeatureLossTerm, FeatureMixin
 from lightning_fed.callbacks.finetune import FineTune
 from lightning_fed.callbacks.heurfedamp import HeurFedAMP
 from lightning_fed.callbacks.penalty import ParameterPenalty
@@ -17,4 +17,22 @@ from lightning_fed.callbacks.separate import Separate
 from lightning_fed.callbacks.warmup import SharedDataWarmup
 from lightning_fed.callbacks.weight_divergence import WeightDivergence
 
-__all__ = ["APFL", "FeatureLossTerm", "FeatureMixin", "FedAMP", "FedCallback", "FedCurv", "FedGG", "FedProx", "FineTune", "HeurFedAMP", "ParameterPenalty", "RFedAvg", "RoundProgressBar", "Scaffold", "Separate", "SharedDataWarmup", "WeightDivergence"]
+__all__ = [
+    "APFL",
+    "FeatureLossTerm",
+    "FeatureMixin",
+    "FedAMP",
+    "FedCallback",
+    "FedCurv",
+    "FedGG",
+    "FedProx",
+    "FineTune",
+    "HeurFedAMP",
+    "ParameterPenalty",
+    "RFedAvg",
+    "RoundProgressBar",
+    "Scaffold",
+    "Separate",
+    "SharedDataWarmup",
+    "WeightDivergence",
+]

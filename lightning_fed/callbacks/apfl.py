@@ -135,7 +135,7 @@ class APFL(PersonalizedCallback):
     ) -> None:
         # The batch is needed at the optimizer step, where w and the step's batches are all known.
         self._batches.append((batch, batch_idx))
-        return None
+        return
 
     @override
     def on_client_before_optimizer_step(

@@ -89,7 +89,12 @@ class FedCallback(Callback):
         """
 
     def client_loss(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, batch: Any, batch_idx: int
+        self,
+        trainer: FederatedTrainer,
+        pl_module: LightningModule,
+        client_ctx: ClientContext,
+        batch: Any,
+        batch_idx: int,
     ) -> Tensor | None:
         """Returns a term added to the training-step loss (e.g. an MMD on captured features), or ``None``."""
         return None

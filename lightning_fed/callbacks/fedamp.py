@@ -13,10 +13,10 @@ from lightning_fed.callbacks.penalty import ParameterPenalty
 from lightning_fed.callbacks.personalized import PersonalizedCallback
 from lightning_fed.checks import check_choice, check_int, check_real
 from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.client_store import ClientStateStore
 from lightning_fed.functional.fedamp import fedamp_weights, pairwise_squared_distances, personalized_cloud_models
 from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.schedule import is_due
-from lightning_fed.client_store import ClientStateStore
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -213,8 +213,11 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
 
         title = f"{type(self).__name__} collaboration weights, round {round_number}"
         publish_figure(
-            trainer, plot_xi_heatmap(self.xi, title=title), f"xi/round_{round_number:04d}.png",
-            f"{self.namespace_name}/xi", f"round {round_number}",
+            trainer,
+            plot_xi_heatmap(self.xi, title=title),
+            f"xi/round_{round_number:04d}.png",
+            f"{self.namespace_name}/xi",
+            f"round {round_number}",
         )
 
     @override

@@ -46,8 +46,13 @@ class RoundProgressBar(FedCallback, ProgressBar):
         if not self._enabled or not trainer.is_global_zero:
             return
         self._bar = tqdm(
-            total=trainer.max_epochs, initial=trainer.current_epoch, desc="round", unit="round",
-            dynamic_ncols=True, file=sys.stdout, leave=True,
+            total=trainer.max_epochs,
+            initial=trainer.current_epoch,
+            desc="round",
+            unit="round",
+            dynamic_ncols=True,
+            file=sys.stdout,
+            leave=True,
         )
 
     @override

@@ -115,8 +115,10 @@ class RFedAvg(FeatureLossTerm):
         sampled = self.population == "sampled"
         ids = list(round_ctx.client_ids) if sampled else list(range(trainer.datamodule.num_clients))
         if len(ids) < 2:
-            raise ValueError(f"RFedAvg needs at least 2 clients per round to average the others' δ, got {len(ids)}:"
-                             " raise `clients_per_round` or use `population='all'`.")
+            raise ValueError(
+                f"RFedAvg needs at least 2 clients per round to average the others' δ, got {len(ids)}:"
+                " raise `clients_per_round` or use `population='all'`."
+            )
         fresh = ids if self.variant == "plus" else [cid for cid in ids if not store.has(NAMESPACE, cid)]
         for cid in fresh:
             store.put(NAMESPACE, cid, self.client_delta(trainer, pl_module, cid, round_ctx.round_idx, "global"))

@@ -137,8 +137,12 @@ class Scaffold(FedCallback, CrossProcessState):
             return
         lrs = _parameter_lrs(pl_module, trainer.optimizers[0], self._device_control)
         new_control, delta = client_control_update(
-            self._client_control, self._device_control, client_ctx.initial_params, update.params,
-            client_ctx.num_steps, lrs,
+            self._client_control,
+            self._device_control,
+            client_ctx.initial_params,
+            update.params,
+            client_ctx.num_steps,
+            lrs,
         )
         client_ctx.store.put(self.namespace, client_ctx.client_id, new_control)
         for name, value in delta.items():

@@ -100,4 +100,3 @@ class SharedDataWarmup(FedCallback):
     ) -> None:
         if round_ctx.round_idx == 0:
             metrics.update(self.metrics)
-

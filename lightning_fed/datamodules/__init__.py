@@ -4,12 +4,20 @@ Everything is importable from here, so configs can name e.g. ``lightning_fed.dat
 and ``lightning_fed.datamodules.DirichletPartitioner``.
 """
 
-from lightning_fed.datamodules import partitioners as _partitioners
 from lightning_fed.datamodules.base import FederatedDataModule
 from lightning_fed.datamodules.dataset_federated import DatasetFederated
 from lightning_fed.datamodules.generated import MNIST1DFederated, SyntheticFederated, synthetic_fedprox
 from lightning_fed.datamodules.leaf import FEMNISTFederated, Sent140Federated
-from lightning_fed.datamodules.partitioners import *  # noqa: F403
+from lightning_fed.datamodules.partitioners import (
+    DirichletPartitioner,
+    GroupPartitioner,
+    IidPartitioner,
+    NaturalIdPartitioner,
+    Partitioner,
+    ShardPartitioner,
+    SimilarityPartitioner,
+    TargetEmdPartitioner,
+)
 from lightning_fed.datamodules.sharing import DataSharing
 from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset, tensor_dataloader
 from lightning_fed.datamodules.vision import (
@@ -40,5 +48,12 @@ __all__ = [
     "TensorClassificationDataset",
     "synthetic_fedprox",
     "tensor_dataloader",
-    *getattr(_partitioners, "__all__", ()),
+    "DirichletPartitioner",
+    "GroupPartitioner",
+    "IidPartitioner",
+    "NaturalIdPartitioner",
+    "Partitioner",
+    "ShardPartitioner",
+    "SimilarityPartitioner",
+    "TargetEmdPartitioner",
 ]

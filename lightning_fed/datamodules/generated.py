@@ -133,7 +133,8 @@ def synthetic_fedprox(
 
 class SyntheticFederated(FederatedDataModule):
     """Synthetic(alpha, beta) of FedProx (Li et al., MLSys 2020, arXiv:1812.06127): naturally non-IID clients of a
-    multinomial logistic regression task; inputs ``[dimension]`` (60), ``num_classes`` (10) classes. See :func:`synthetic_fedprox`.
+    multinomial logistic regression task; inputs ``[dimension]`` (60), ``num_classes`` (10) classes. See
+    :func:`synthetic_fedprox`.
 
     Each generated device is one client (a :class:`NaturalIdPartitioner` is used, no partitioner argument). A
     client's test split is held out from its own data (``client_test_fraction``, default 20 %); there is no other

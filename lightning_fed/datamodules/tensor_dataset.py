@@ -86,7 +86,7 @@ class IndexBatchSampler(Sampler[Tensor]):
         return iter(indices.split(self.batch_size))
 
     def __len__(self) -> int:
-        return -(-self.indices.numel() // self.batch_size)
+        return (self.indices.numel() + self.batch_size - 1) // self.batch_size
 
 
 class BatchedTensorDataLoader(DataLoader):

@@ -45,9 +45,7 @@ class _TorchvisionFederated(FederatedDataModule):
     mean: tuple[float, ...]
     std: tuple[float, ...]
 
-    def __init__(
-        self, partitioner: Partitioner, data_dir: str = "data", download: bool = True, **kwargs: Any
-    ) -> None:
+    def __init__(self, partitioner: Partitioner, data_dir: str = "data", download: bool = True, **kwargs: Any) -> None:
         super().__init__(partitioner, **kwargs)
         check_instance("data_dir", data_dir, (str, os.PathLike), "a directory path")
         self.data_dir = str(data_dir)

@@ -69,7 +69,9 @@ def log_image(logger: _LightningWandbLogger, key: str, path: str, caption: str |
     logger.experiment.log({key: wandb.Image(path, caption=caption)})
 
 
-def log_table(logger: _LightningWandbLogger, key: str, columns: list[str], rows: list[list[Any]], round_idx: int) -> None:
+def log_table(
+    logger: _LightningWandbLogger, key: str, columns: list[str], rows: list[list[Any]], round_idx: int
+) -> None:
     import wandb
 
     logger.experiment.log({key: wandb.Table(columns=columns, data=rows), "round": round_idx})

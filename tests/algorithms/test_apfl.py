@@ -2,11 +2,11 @@ import lightning.pytorch as L
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule
+from helpers.resume import assert_resume_bit_identical
 from torch.func import functional_call
 from torchmetrics import MeanMetric
 
-from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule
-from helpers.resume import assert_resume_bit_identical
 from lightning_fed import ClientContext, FedCallback
 from lightning_fed.callbacks import APFL
 
@@ -21,7 +21,7 @@ class BatchRecorder(FedCallback):
 
     def client_loss(self, trainer, pl_module, ctx, batch, batch_idx):
         self.batches.append(batch)
-        return None
+        return
 
     def on_client_end(self, trainer, pl_module, ctx, update):
         self.local_models[ctx.client_id] = {n: t.clone() for n, t in update.params.items()}
@@ -74,7 +74,11 @@ def test_one_client_follows_the_papers_recurrence_with_autograd_gradients(tmp_pa
     w0 = {n: p.detach().clone() for n, p in module.named_parameters()}
     recorder, apfl = BatchRecorder(), APFL(alpha=0.3)
     trainer = fast_trainer(
-        tmp_path, num_rounds=1, clients_per_round=1, local_steps=4, accumulate_grad_batches=accumulate,
+        tmp_path,
+        num_rounds=1,
+        clients_per_round=1,
+        local_steps=4,
+        accumulate_grad_batches=accumulate,
         callbacks=[recorder, apfl],
     )
     trainer.fit(module, datamodule=make_datamodule(num_clients=1))
@@ -96,7 +100,11 @@ def test_side_pass_follows_the_recurrence_when_an_epoch_ends_mid_accumulation(tm
     w0 = {n: p.detach().clone() for n, p in module.named_parameters()}
     recorder, apfl = BatchRecorder(), APFL(alpha=0.3)
     trainer = fast_trainer(
-        tmp_path, num_rounds=1, clients_per_round=1, local_epochs=1, accumulate_grad_batches=4,
+        tmp_path,
+        num_rounds=1,
+        clients_per_round=1,
+        local_epochs=1,
+        accumulate_grad_batches=4,
         callbacks=[recorder, apfl],
     )
     trainer.fit(module, datamodule=make_datamodule(num_clients=1, num_samples=120))
@@ -146,7 +154,7 @@ def test_alpha_stays_fixed_without_learning_while_v_trains(tmp_path):
     trainer, module = _fit(tmp_path, [apfl], module_cls=BoringClassifier)
     store = trainer.federation_state.store
     assert store.clients("apfl")
-    for cid, entry in store.items("apfl"):
+    for _, entry in store.items("apfl"):
         assert entry["alpha"].item() == 0.7
         assert any(not torch.equal(entry["v"][n], entry["w"][n]) for n in entry["v"])
 
@@ -195,8 +203,12 @@ def test_resume_is_bit_identical(tmp_path):
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"alpha": 1.5}, "alpha"), ({"alpha": -0.1}, "alpha"), ({"learn_alpha": "yes"}, "learn_alpha"),
-     ({"evaluate_with": "mean"}, "evaluate_with")],
+    [
+        ({"alpha": 1.5}, "alpha"),
+        ({"alpha": -0.1}, "alpha"),
+        ({"learn_alpha": "yes"}, "learn_alpha"),
+        ({"evaluate_with": "mean"}, "evaluate_with"),
+    ],
 )
 def test_bad_arguments_are_refused_with_their_name(kwargs, name):
     with pytest.raises(ValueError, match=f"`{name}`"):

@@ -9,10 +9,10 @@ import lightning.pytorch as L
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from helpers.boring import BoringClassifier, fast_trainer, make_datamodule, make_tensors
 from helpers.resume import assert_resume_bit_identical
+from torch import nn
+
 from lightning_fed import ClientContext, ClientStateStore, FedCallback, RoundContext
 from lightning_fed.callbacks import FedAMP, HeurFedAMP
 from lightning_fed.evaluation import evaluate
@@ -129,11 +129,16 @@ class _EvaluationSpy(FedCallback):
         self.starts: list[tuple[int, int, dict]] = []
 
     def on_client_train_start(self, trainer, pl_module, client_ctx, dataloader):
-        self.starts.append((client_ctx.round_idx, client_ctx.client_id, {k: v.clone() for k, v in pl_module.state_dict().items()}))
+        self.starts.append(
+            (client_ctx.round_idx, client_ctx.client_id, {k: v.clone() for k, v in pl_module.state_dict().items()})
+        )
 
     def on_client_evaluate_start(self, trainer, pl_module, client_ctx):
         expected = self.fedamp.client_model(client_ctx.store, client_ctx.client_id)
-        same = all(torch.equal(client_ctx.initial_params[k], expected[k].to(client_ctx.initial_params[k].device)) for k in expected)
+        same = all(
+            torch.equal(client_ctx.initial_params[k], expected[k].to(client_ctx.initial_params[k].device))
+            for k in expected
+        )
         global_ = client_ctx.initial_params is client_ctx.global_params
         self.evaluated.append((client_ctx.round_idx, client_ctx.client_id, {"personal": same, "global": global_}))
 
@@ -146,7 +151,9 @@ def partial_participation_run(tmp_path_factory):
     spy = _EvaluationSpy(fedamp)
     datamodule = make_datamodule(num_clients=4)
     module = BoringClassifier(batch_norm=True)
-    trainer = fast_trainer(tmp_path_factory.mktemp("fedamp"), num_rounds=3, clients_per_round=2, callbacks=[fedamp, spy])
+    trainer = fast_trainer(
+        tmp_path_factory.mktemp("fedamp"), num_rounds=3, clients_per_round=2, callbacks=[fedamp, spy]
+    )
     trainer.fit(module, datamodule=datamodule)
     return SimpleNamespace(trainer=trainer, fedamp=fedamp, spy=spy, module=module, datamodule=datamodule)
 
@@ -237,7 +244,7 @@ def test_resume_is_bit_identical_with_personalised_state(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "kwargs, name",
+    ("kwargs", "name"),
     [
         ({"alpha_k": 0.0}, "alpha_k"),
         ({"lam": -1.0}, "lam"),
@@ -255,7 +262,10 @@ def test_invalid_arguments_are_refused_with_the_argument_named(kwargs, name):
         FedAMP(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs, name", [({"self_weight": 1.5}, "self_weight"), ({"sigma": -1.0}, "sigma"), ({"self_weight": None}, "self_weight")])
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [({"self_weight": 1.5}, "self_weight"), ({"sigma": -1.0}, "sigma"), ({"self_weight": None}, "self_weight")],
+)
 def test_heurfedamp_invalid_arguments_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=f"`{name}`"):
         HeurFedAMP(**kwargs)

@@ -4,15 +4,14 @@ import lightning.pytorch as L
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
-
 from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule, make_tensors
 from helpers.resume import assert_resume_bit_identical
+from torch.utils.data import DataLoader, TensorDataset
+
 from lightning_fed import ClientContext, ClientStateStore, FedCallback
 from lightning_fed.callbacks import FedCurv
 from lightning_fed.functional.fedcurv import (
     client_statistics,
-    empirical_fisher,
     excluding_client,
     fedcurv_gradient,
     fedcurv_penalty,
@@ -42,7 +41,9 @@ def _sums_and_clients(n: int = 4):
 def _explicit(theta, clients, s, lam):
     return lam * sum(
         (fisher[n] * (theta[n] - anchor[n]) ** 2).sum()
-        for j, (fisher, anchor, _) in enumerate(clients) if j != s for n in theta
+        for j, (fisher, anchor, _) in enumerate(clients)
+        if j != s
+        for n in theta
     )
 
 
@@ -113,7 +114,7 @@ def test_empirical_fisher_accumulates_over_every_batch_not_the_last():
     x, y = make_tensors(37)
     reference = [torch.zeros_like(p) for p in module.parameters()]
     for start in range(0, 37, 10):
-        xb, yb = x[start:start + 10], y[start:start + 10]
+        xb, yb = x[start : start + 10], y[start : start + 10]
         for acc, sq in zip(reference, _batch_grad_sq(module, xb, yb)):
             acc += xb.shape[0] / 37 * sq
     last = _batch_grad_sq(module, x[30:], y[30:])
@@ -132,7 +133,7 @@ def test_per_sample_fisher_matches_a_loop_and_the_empirical_one_at_batch_size_on
     x, y = make_tensors(19)
     reference = [torch.zeros_like(p) for p in module.parameters()]
     for i in range(19):
-        for acc, sq in zip(reference, _batch_grad_sq(module, x[i:i + 1], y[i:i + 1])):
+        for acc, sq in zip(reference, _batch_grad_sq(module, x[i : i + 1], y[i : i + 1])):
             acc += sq / 19
     for (name, _), ref in zip(module.named_parameters(), reference):
         torch.testing.assert_close(per_sample[name], ref)
@@ -173,7 +174,9 @@ class _Spy(FedCallback):
 
     def on_client_start(self, trainer, pl_module, ctx):
         sums = self.fedcurv.sums
-        self.seen.append((ctx.round_idx, ctx.client_id, None if sums is None else {n: t.clone() for n, t in sums["u"].items()}))
+        self.seen.append(
+            (ctx.round_idx, ctx.client_id, None if sums is None else {n: t.clone() for n, t in sums["u"].items()})
+        )
 
     def on_client_before_optimizer_step(self, trainer, pl_module, ctx, optimizer):
         if ctx.num_steps == 0:
@@ -183,8 +186,9 @@ class _Spy(FedCallback):
 def _fit(tmp_path, callbacks, num_rounds=3, clients_per_round=3, num_clients=3):
     L.seed_everything(0)
     module = BoringClassifier(momentum=0.5, dropout=0.2)
-    trainer = fast_trainer(tmp_path, num_rounds=num_rounds, clients_per_round=clients_per_round, local_epochs=2,
-                           callbacks=callbacks)
+    trainer = fast_trainer(
+        tmp_path, num_rounds=num_rounds, clients_per_round=clients_per_round, local_epochs=2, callbacks=callbacks
+    )
     trainer.fit(module, datamodule=make_datamodule(num_clients=num_clients))
     return global_weights(module), trainer
 
@@ -199,7 +203,7 @@ def test_in_a_fit_every_client_of_a_round_sees_the_same_sums_minus_its_own(tmp_p
     assert not any(active for _, _, active, _ in by_round[0])  # round 0: no statistics anywhere
     for round_idx in (1, 2):
         first_sums = by_round[round_idx][0][1]
-        for client_id, sums_u, active, extras in by_round[round_idx]:
+        for _, sums_u, _, extras in by_round[round_idx]:
             assert all(torch.equal(sums_u[n], first_sums[n]) for n in first_sums), "U changed within a round"
             assert all((t >= 0).all() for t in (extras or {"u": {}})["u"].values())
     store = trainer.federation_state.store
@@ -215,7 +219,7 @@ def test_no_penalty_on_a_clients_first_participation(tmp_path):
     spy = _Spy(fedcurv)
     _fit(tmp_path, [fedcurv, spy], num_rounds=3, clients_per_round=1, num_clients=4)
     participated = set()
-    for round_idx, client_id, sums_u, active, extras in spy.seen:
+    for round_idx, client_id, _, active, _ in spy.seen:
         assert active == (client_id in participated), (round_idx, client_id)
         participated.add(client_id)
 

@@ -4,9 +4,9 @@ import lightning.pytorch as L
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule
 from helpers.resume import assert_resume_bit_identical
+
 from lightning_fed import FedCallback
 from lightning_fed.callbacks import FedGG
 from lightning_fed.functional.fedgg import (
@@ -204,9 +204,14 @@ def test_resume_is_bit_identical(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
-    [({"mu": -1.0}, "`mu`"), ({"lam": 1e-8}, "`adaptive=False`"), ({"adaptive": False}, "`lam`"),
-     ({"adaptive": False, "lam": float("nan")}, "`lam`"), ({"adaptive": 1}, "`adaptive`")],
+    ("kwargs", "match"),
+    [
+        ({"mu": -1.0}, "`mu`"),
+        ({"lam": 1e-8}, "`adaptive=False`"),
+        ({"adaptive": False}, "`lam`"),
+        ({"adaptive": False, "lam": float("nan")}, "`lam`"),
+        ({"adaptive": 1}, "`adaptive`"),
+    ],
 )
 def test_invalid_settings_are_refused_with_the_argument_named(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -4,8 +4,8 @@ import lightning.pytorch as L
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule, make_tensors
+
 from lightning_fed import ClientContext, ClientStateStore, FedCallback
 from lightning_fed.callbacks import FedProx
 from lightning_fed.log_buffer import LogBuffer, buffered_logging
@@ -101,7 +101,7 @@ def test_gradient_is_not_lost_to_a_detached_term():
 
 def test_buffers_are_not_penalised():
     module, ctx = _perturbed(batch_norm=True)
-    gradient = FedProx(1.0).penalty_gradient({n: p for n, p in module.named_parameters()}, ctx)
+    gradient = FedProx(1.0).penalty_gradient(dict(module.named_parameters()), ctx)
     buffers = {n for n, _ in module.named_buffers()}
     assert buffers and not buffers & gradient.keys()
 

@@ -1,8 +1,8 @@
 import lightning.pytorch as L
 import pytest
 import torch
-
 from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule, plain_sgd_pass
+
 from lightning_fed.callbacks import FedProx, FineTune
 from lightning_fed.evaluation import evaluate
 from lightning_fed.log_buffer import LogBuffer
@@ -70,8 +70,12 @@ def test_every_n_rounds_fine_tunes_those_rounds_and_the_last(tmp_path):
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"epochs": 0}, "epochs"), ({"epochs": 1.5}, "epochs"), ({"epochs": True}, "epochs"),
-     ({"every_n_rounds": 0}, "every_n_rounds")],
+    [
+        ({"epochs": 0}, "epochs"),
+        ({"epochs": 1.5}, "epochs"),
+        ({"epochs": True}, "epochs"),
+        ({"every_n_rounds": 0}, "every_n_rounds"),
+    ],
 )
 def test_bad_arguments_are_refused_with_their_name(kwargs, name):
     with pytest.raises(ValueError, match=f"`{name}`"):

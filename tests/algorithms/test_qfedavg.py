@@ -1,8 +1,8 @@
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule
+
 from lightning_fed import ClientStateStore, FedCallback
 from lightning_fed.aggregators import FedAvg, QFedAvg
 from lightning_fed.aggregators.qfedavg import LIPSCHITZ_KEY, LOSS_KEY
@@ -29,7 +29,7 @@ def reference(global_params, local_models, losses, q, lipschitz, param_names, in
     result, offset = {}, 0
     for name in floats:
         size = global_params[name].numel()
-        result[name] = new_flat[offset: offset + size].view_as(global_params[name]).to(global_params[name].dtype)
+        result[name] = new_flat[offset : offset + size].view_as(global_params[name]).to(global_params[name].dtype)
         offset += size
     return result
 
@@ -46,8 +46,9 @@ def _hand_built():
 
 def _aggregate(agg, global_params, locals_, losses, client_ids=None, num_clients=None):
     num_clients = num_clients or len(locals_)
-    round_ctx = RoundContext(0, list(range(num_clients)), global_params, {i: 10 for i in range(num_clients)},
-                             ClientStateStore())
+    round_ctx = RoundContext(
+        0, list(range(num_clients)), global_params, dict.fromkeys(range(num_clients), 10), ClientStateStore()
+    )
     agg.reset(global_params, round_ctx)
     for cid in client_ids if client_ids is not None else range(len(locals_)):
         agg.update(ClientUpdate(cid, 10, 5, locals_[cid], extras={LOSS_KEY: losses[cid], LIPSCHITZ_KEY: 1 / LR}))
@@ -100,16 +101,26 @@ def _fit(tmp_path, aggregator, callbacks=(), num_rounds=1, **module_kwargs):
     module = BoringClassifier(lr=LR, **module_kwargs)
     start = global_weights(module)
     datamodule = make_datamodule(num_clients=3, batch_size=16)
-    trainer = fast_trainer(tmp_path, aggregator=aggregator, callbacks=list(callbacks), num_rounds=num_rounds,
-                           clients_per_round=3, local_epochs=1, client_eval="none", eval_every_n_rounds=0, seed=0)
+    trainer = fast_trainer(
+        tmp_path,
+        aggregator=aggregator,
+        callbacks=list(callbacks),
+        num_rounds=num_rounds,
+        clients_per_round=3,
+        local_epochs=1,
+        client_eval="none",
+        eval_every_n_rounds=0,
+        seed=0,
+    )
     trainer.fit(module, datamodule=datamodule)
     return module, start, datamodule, trainer
 
 
 def test_q_zero_end_to_end_equals_uniform_fedavg_with_batch_norm(tmp_path):
     qfed, _, _, q_trainer = _fit(tmp_path / "q", QFedAvg(q=0.0), num_rounds=2, batch_norm=True, dropout=0.3)
-    fedavg, _, _, f_trainer = _fit(tmp_path / "f", FedAvg(weighting="uniform"), num_rounds=2, batch_norm=True,
-                                   dropout=0.3)
+    fedavg, _, _, f_trainer = _fit(
+        tmp_path / "f", FedAvg(weighting="uniform"), num_rounds=2, batch_norm=True, dropout=0.3
+    )
     for name, tensor in global_weights(fedavg).items():
         torch.testing.assert_close(global_weights(qfed)[name], tensor, rtol=0, atol=1e-6)
     up = [trainer.federation_state.history[-1]["comm/bytes_up"] for trainer in (q_trainer, f_trainer)]
@@ -150,8 +161,9 @@ def test_loss_is_measured_at_the_global_model_over_all_client_data_and_rejected_
         at_local = _client_loss(probe, poison.locals[cid], datamodule, cid)
         assert agg.client_losses[cid] != pytest.approx(at_local, rel=1e-3)
     names = [n for n, p in probe.named_parameters()]
-    expected = reference(start, [poison.locals[0], poison.locals[2]], [agg.client_losses[0], agg.client_losses[2]],
-                         1.0, 1 / LR, names)
+    expected = reference(
+        start, [poison.locals[0], poison.locals[2]], [agg.client_losses[0], agg.client_losses[2]], 1.0, 1 / LR, names
+    )
     for name, tensor in expected.items():
         torch.testing.assert_close(global_weights(module)[name], tensor, rtol=0, atol=1e-6)
     # Integer buffers are copied from the last accepted client; measuring F_k left w_g's BN statistics alone.

@@ -3,11 +3,10 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule
 from helpers.resume import assert_resume_bit_identical
+
 from lightning_fed import FedCallback
-from lightning_fed.aggregators import FedAvg
 from lightning_fed.callbacks import RFedAvg
 from lightning_fed.functional.mmd import (
     clip_rows,
@@ -18,7 +17,7 @@ from lightning_fed.functional.mmd import (
     linear_mmd,
 )
 from lightning_fed.functional.state_dict import state_nbytes
-from lightning_fed.models import ClassifierModule, MNIST1DCNN
+from lightning_fed.models import MNIST1DCNN, ClassifierModule
 from lightning_fed.seeding import derive_seed
 
 SEED = 3
@@ -58,8 +57,9 @@ def _fit(tmp_path, callbacks, num_clients=4, clients_per_round=4, num_rounds=2, 
     module = BoringClassifier(lr=0.1)
     dm = make_datamodule(num_clients=num_clients, num_samples=40 * num_clients)
     kwargs.setdefault("local_steps", 2)
-    trainer = fast_trainer(tmp_path, num_rounds=num_rounds, clients_per_round=clients_per_round, seed=SEED,
-                           callbacks=callbacks, **kwargs)
+    trainer = fast_trainer(
+        tmp_path, num_rounds=num_rounds, clients_per_round=clients_per_round, seed=SEED, callbacks=callbacks, **kwargs
+    )
     trainer.fit(module, datamodule=dm)
     return trainer, module, dm
 
@@ -163,8 +163,14 @@ def test_one_step_equals_autograd_of_ce_plus_lambda_mmd(tmp_path):
     module = BoringClassifier(lr=0.1)
     start = copy.deepcopy(module)
     dm = make_datamodule(num_clients=3)
-    trainer = fast_trainer(tmp_path, num_rounds=1, clients_per_round=3, local_steps=1, seed=SEED,
-                           callbacks=[RFedAvg(lam, "plus", LAYER), spy])
+    trainer = fast_trainer(
+        tmp_path,
+        num_rounds=1,
+        clients_per_round=3,
+        local_steps=1,
+        seed=SEED,
+        callbacks=[RFedAvg(lam, "plus", LAYER), spy],
+    )
     trainer.fit(module, datamodule=dm)
     x, y = next(iter(dm.client_dataloader(1, seed=derive_seed(SEED, "data", 0, 1))))
     phi = _phi(start, x)
@@ -222,8 +228,7 @@ def test_communication_counts_delta_bytes_beside_the_models(tmp_path, variant):
 
 def test_plus_with_all_clients_computes_every_delta_and_ships_the_model_to_unsampled_ones(tmp_path):
     spy = Spy()
-    trainer, _, _ = _fit(tmp_path, [RFedAvg(1.0, "plus", LAYER), spy], num_clients=5, clients_per_round=2,
-                         num_rounds=1)
+    trainer, _, _ = _fit(tmp_path, [RFedAvg(1.0, "plus", LAYER), spy], num_clients=5, clients_per_round=2, num_rounds=1)
     assert trainer.federation_state.store.clients("rfedavg") == list(range(5))
     model = state_nbytes(spy.globals[0])
     assert trainer.federation_state.bytes_down == 2 * model + 2 * 16 * 4 + 3 * model

@@ -3,9 +3,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule
 from helpers.resume import assert_resume_bit_identical
+
 from lightning_fed import FedCallback
 from lightning_fed.aggregators import FedAvg
 from lightning_fed.callbacks import Scaffold
@@ -54,8 +54,15 @@ def _fit(tmp_path, num_clients=2, callbacks=(), aggregator=None, momentum=0.0, d
     module = BoringClassifier(lr=LR, momentum=momentum)
     datamodule = make_datamodule(num_clients=num_clients, **(datamodule_kwargs or {}))
     kwargs.setdefault("clients_per_round", num_clients)
-    trainer = fast_trainer(tmp_path, callbacks=list(callbacks), aggregator=aggregator or FedAvg(weighting="uniform"),
-                           client_eval="none", eval_every_n_rounds=0, seed=0, **kwargs)
+    trainer = fast_trainer(
+        tmp_path,
+        callbacks=list(callbacks),
+        aggregator=aggregator or FedAvg(weighting="uniform"),
+        client_eval="none",
+        eval_every_n_rounds=0,
+        seed=0,
+        **kwargs,
+    )
     trainer.fit(module, datamodule=datamodule)
     return module, trainer
 
@@ -116,19 +123,23 @@ def _expected_steps(num_samples, batch_size, epochs, accumulate):
 
 
 @pytest.mark.parametrize(
-    "schedule, accumulate",
+    ("schedule", "accumulate"),
     [(dict(local_steps=3), 1), (dict(local_epochs=2), 1), (dict(local_epochs=2), 3)],
 )
 def test_controls_follow_option_ii_with_k_the_optimizer_steps_taken(tmp_path, schedule, accumulate):
     num_clients = 4
     before, after, _, trainer = _with_recorders(
-        tmp_path, num_clients=num_clients, clients_per_round=2, num_rounds=2, accumulate_grad_batches=accumulate,
+        tmp_path,
+        num_clients=num_clients,
+        clients_per_round=2,
+        num_rounds=2,
+        accumulate_grad_batches=accumulate,
         **schedule,
     )
     server = {n: torch.zeros_like(c) for n, c in before.records[0]["c"].items()}
     for round_idx in range(2):
         delta_sum = {n: torch.zeros_like(c) for n, c in server.items()}
-        for rec, stored in list(zip(before.records, after.client_controls))[2 * round_idx: 2 * round_idx + 2]:
+        for rec, stored in list(zip(before.records, after.client_controls))[2 * round_idx : 2 * round_idx + 2]:
             expected_k = 3 if "local_steps" in schedule else _expected_steps(rec["n"], 16, 2, accumulate)
             assert rec["K"] == expected_k
             for name, c in server.items():
@@ -145,7 +156,9 @@ def test_controls_follow_option_ii_with_k_the_optimizer_steps_taken(tmp_path, sc
 
 def test_fp16_loss_scaling_is_refused():
     fake = SimpleNamespace(
-        optimizers=[object()], lr_scheduler_configs=[], callbacks=[Scaffold()],
+        optimizers=[object()],
+        lr_scheduler_configs=[],
+        callbacks=[Scaffold()],
         strategy=SimpleNamespace(precision_plugin=SimpleNamespace(scaler=object())),
         datamodule=SimpleNamespace(num_clients=2),
     )
@@ -170,8 +183,9 @@ def test_misconfigured_aggregator_and_optimizer_raise_clear_errors(tmp_path):
 
 def test_communication_is_twice_fedavg(tmp_path):
     _, fedavg = _fit(tmp_path / "fedavg", num_rounds=2, local_steps=1, num_clients=3, clients_per_round=2)
-    _, scaffold = _fit(tmp_path / "scaffold", callbacks=[Scaffold()], num_rounds=2, local_steps=1, num_clients=3,
-                       clients_per_round=2)
+    _, scaffold = _fit(
+        tmp_path / "scaffold", callbacks=[Scaffold()], num_rounds=2, local_steps=1, num_clients=3, clients_per_round=2
+    )
     for key in ("comm/bytes_up", "comm/bytes_down"):
         plain = [entry[key] for entry in fedavg.federation_state.history]
         assert plain[0] > 0
@@ -180,8 +194,13 @@ def test_communication_is_twice_fedavg(tmp_path):
 
 def test_resume_is_bit_identical(tmp_path):
     result = assert_resume_bit_identical(
-        tmp_path, "--callback", "lightning_fed.callbacks.Scaffold",
-        "--aggregator", 'lightning_fed.aggregators.FedAvg={"weighting": "uniform"}', "--momentum", "0",
+        tmp_path,
+        "--callback",
+        "lightning_fed.callbacks.Scaffold",
+        "--aggregator",
+        'lightning_fed.aggregators.FedAvg={"weighting": "uniform"}',
+        "--momentum",
+        "0",
     )
     assert result["store"]["scaffold"], "the client controls were not checkpointed"
     assert any(state.get("server_control") for state in result["callback_states"])

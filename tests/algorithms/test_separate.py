@@ -1,7 +1,7 @@
 import lightning.pytorch as L
 import torch
-
 from helpers.boring import NUM_CLASSES, BoringClassifier, fast_trainer, global_weights, make_datamodule, make_tensors
+
 from lightning_fed.callbacks import Separate
 from lightning_fed.datamodules import DatasetFederated, IidPartitioner
 from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset
@@ -60,7 +60,9 @@ def test_global_model_is_never_changed_and_nothing_is_communicated(tmp_path):
 
 def test_one_client_equals_centralised_training_on_its_data(tmp_path):
     datamodule = make_datamodule(num_clients=1)
-    trainer, _, initial = _fit(tmp_path, datamodule, num_rounds=3, clients_per_round=1, keep_optimizer_state=True, seed=3)
+    trainer, _, initial = _fit(
+        tmp_path, datamodule, num_rounds=3, clients_per_round=1, keep_optimizer_state=True, seed=3
+    )
     centralised = BoringClassifier(lr=0.1, batch_norm=True, momentum=0.9)
     centralised.load_state_dict(initial)
     optimizer = centralised.configure_optimizers()

@@ -254,7 +254,7 @@ def test_mnist1d_generates_offline_and_deterministically():
 def test_synthetic_clients_follow_the_generator():
     _, labels, clients = synthetic_fedprox(0.5, 0.5, 6, 60, 10, iid=False, seed=4)
     sizes = torch.bincount(clients)
-    assert (sizes >= 50).all() and 0 <= int(labels.min()) and int(labels.max()) < 10
+    assert (sizes >= 50).all() and int(labels.min()) >= 0 and int(labels.max()) < 10
     dm = SyntheticFederated(alpha=0.5, beta=0.5, num_clients=6, seed=4)
     assert dm.num_clients == 6 and dm.num_classes == 10
     dm.setup()

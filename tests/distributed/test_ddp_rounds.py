@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from helpers.distributed_run import NUM_ROUNDS, fit, result
 from helpers.resume import _equal
 
@@ -41,11 +40,14 @@ def _free_port() -> int:
 def _launch(root: Path, *args: str) -> subprocess.Popen:
     root.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    log = open(root / "stderr.txt", "w")
+    log = open(root / "stderr.txt", "w")  # noqa: SIM115 - the child writes to it after this function returns
     # A session of its own: the kill test SIGKILLs its whole process group, as a crashed node would.
     return subprocess.Popen(
         [sys.executable, str(SCRIPT), str(root), str(root / "out.pt"), "--devices", "2", *args],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
     )
 
 
@@ -65,7 +67,9 @@ def _ranks(root: Path) -> list[dict[str, Any]]:
 def two_process_runs(tmp_path_factory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("ddp")
     launched = {name: _launch(base / name, "--algorithm", name) for name in ALGORITHMS}
-    launched["killed"] = _launch(base / "killed", "--algorithm", "stateful", "--kill-round", KILL[0], "--kill-client-index", KILL[1])
+    launched["killed"] = _launch(
+        base / "killed", "--algorithm", "stateful", "--kill-round", KILL[0], "--kill-client-index", KILL[1]
+    )
     codes = {name: _wait(process) for name, process in launched.items()}
     for name in ALGORITHMS:
         assert codes[name] == 0, (base / name / "stderr.txt").read_text()[-4000:]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.boring import BoringClassifier
 from torch import nn
 
-from helpers.boring import BoringClassifier
 from lightning_fed import FederatedTrainer, distributed
 from lightning_fed.client_store import ClientStateStore
 from lightning_fed.setup_checks import check_no_sync_batchnorm, check_process_group
@@ -58,7 +58,9 @@ def test_store_changes_carry_writes_and_removals_to_another_store():
 
 def test_more_ranks_than_clients_per_round_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match=r"2 processes.*only 1 clients.*clients_per_round"):
-        FederatedTrainer(clients_per_round=1, strategy="ddp", devices=2, accelerator="cpu", default_root_dir=str(tmp_path))
+        FederatedTrainer(
+            clients_per_round=1, strategy="ddp", devices=2, accelerator="cpu", default_root_dir=str(tmp_path)
+        )
     with pytest.raises(ValueError, match="clients_per_round"):
         distributed.check_world_size(4, 3)
     distributed.check_world_size(3, 3)

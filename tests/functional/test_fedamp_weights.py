@@ -22,8 +22,11 @@ from lightning_fed.functional.fedamp import (
 def _random_states(num: int, seed: int = 0, scale: float = 1.0) -> list[dict[str, torch.Tensor]]:
     generator = torch.Generator().manual_seed(seed)
     return [
-        {"a": scale * torch.randn(3, 4, generator=generator), "b": scale * torch.randn(5, generator=generator),
-         "count": torch.tensor(i)}
+        {
+            "a": scale * torch.randn(3, 4, generator=generator),
+            "b": scale * torch.randn(5, generator=generator),
+            "count": torch.tensor(i),
+        }
         for i in range(num)
     ]
 
@@ -168,7 +171,7 @@ def test_cloud_models_are_the_hand_computed_convex_combination():
 
 
 @pytest.mark.parametrize(
-    "call, match",
+    ("call", "match"),
     [
         (lambda: fedamp_weights(torch.zeros(2, 3), 0.1, 1.0), "squared_distances"),
         (lambda: heurfedamp_weights(torch.tensor([[1.0, float("nan")], [0.0, 1.0]]), 1.0, 0.5), "cosine"),

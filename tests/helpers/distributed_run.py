@@ -25,11 +25,11 @@ from torchmetrics.classification import MulticlassAccuracy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from helpers.boring import NUM_CLASSES, BoringClassifier, make_datamodule  # noqa: E402
-from lightning_fed import FedCallback, FederatedTrainer  # noqa: E402
-from lightning_fed.aggregators import FedAvg, QFedAvg  # noqa: E402
-from lightning_fed.callbacks import FedCurv, RFedAvg, Scaffold  # noqa: E402
-from lightning_fed.reduction import CrossProcessState  # noqa: E402
+from helpers.boring import NUM_CLASSES, BoringClassifier, make_datamodule
+from lightning_fed import FedCallback, FederatedTrainer
+from lightning_fed.aggregators import FedAvg, QFedAvg
+from lightning_fed.callbacks import FedCurv, RFedAvg, Scaffold
+from lightning_fed.reduction import CrossProcessState
 
 NUM_ROUNDS = 3
 
@@ -84,11 +84,17 @@ class DeclaredState(FedCallback, CrossProcessState):
 
     def on_aggregate(self, trainer: Any, pl_module: Any, round_ctx: Any, new_params: Any) -> None:
         self.reduce_round_state()
-        self.reduced.append({
-            "client_ids": self.client_ids, "samples": self.sums["samples"].clone(), "ids": self.sums["ids"].clone(),
-            "count": self.count, "weight": self.weight, "steps": dict(sorted(self.steps.items())),
-            "last": (self.last[0], self.last[1]["client"].clone()),
-        })
+        self.reduced.append(
+            {
+                "client_ids": self.client_ids,
+                "samples": self.sums["samples"].clone(),
+                "ids": self.sums["ids"].clone(),
+                "count": self.count,
+                "weight": self.weight,
+                "steps": dict(sorted(self.steps.items())),
+                "last": (self.last[0], self.last[1]["client"].clone()),
+            }
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"reduced": self.reduced}
@@ -152,7 +158,9 @@ def algorithm(name: str) -> tuple[Any, list[FedCallback], float, bool]:
     raise ValueError(f"unknown algorithm {name!r}")
 
 
-def fit(root: str, devices: int, name: str, kill: tuple[int, int] | None = None, resume: bool = False) -> tuple[FederatedTrainer, ClientModels]:
+def fit(
+    root: str, devices: int, name: str, kill: tuple[int, int] | None = None, resume: bool = False
+) -> tuple[FederatedTrainer, ClientModels]:
     torch.set_num_threads(1)
     L.seed_everything(0)
     aggregator, callbacks, momentum, keep_optimizer_state = algorithm(name)
@@ -161,11 +169,21 @@ def fit(root: str, devices: int, name: str, kill: tuple[int, int] | None = None,
     models = ClientModels()
     extra = [Killer(*kill)] if kill is not None else []
     trainer = FederatedTrainer(
-        num_rounds=NUM_ROUNDS, clients_per_round=4, local_epochs=1, aggregator=aggregator,
-        keep_optimizer_state=keep_optimizer_state, callbacks=[*callbacks, models, *extra],
-        default_root_dir=root, run_dir=str(Path(root) / "run"), logger=RankLogger(root),
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+        num_rounds=NUM_ROUNDS,
+        clients_per_round=4,
+        local_epochs=1,
+        aggregator=aggregator,
+        keep_optimizer_state=keep_optimizer_state,
+        callbacks=[*callbacks, models, *extra],
+        default_root_dir=root,
+        run_dir=str(Path(root) / "run"),
+        logger=RankLogger(root),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
     )
     trainer.fit(module, datamodule=datamodule, ckpt_path="last" if resume else None)
     return trainer, models
@@ -177,7 +195,11 @@ def result(trainer: FederatedTrainer, models: ClientModels) -> dict[str, Any]:
         "weights": {n: t.detach().cpu().clone() for n, t in trainer.lightning_module.state_dict().items()},
         "history": trainer.federation_state.history,
         "store": trainer.federation_state.store.state_dict(),
-        "callback_states": [cb.state_dict() for cb in trainer.callbacks if isinstance(cb, FedCallback) and not isinstance(cb, ClientModels)],
+        "callback_states": [
+            cb.state_dict()
+            for cb in trainer.callbacks
+            if isinstance(cb, FedCallback) and not isinstance(cb, ClientModels)
+        ],
         "aggregator_state": trainer.aggregator.state_dict(),
         "client_models": models.models,
         "global_step": trainer.global_step,

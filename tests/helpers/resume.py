@@ -36,13 +36,22 @@ def _without_times(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in entry.items() if not k.startswith("time/")} for entry in history]
 
 
-def assert_resume_bit_identical(tmp_path: Path, *algorithm_args: str, kill_round: int = 2, client_index: int = 1) -> dict:
+def assert_resume_bit_identical(
+    tmp_path: Path, *algorithm_args: str, kill_round: int = 2, client_index: int = 1
+) -> dict:
     """Runs uninterrupted, then killed at (kill_round, client_index) and resumed; asserts identical end states."""
     reference_dir, resumed_dir = tmp_path / "reference", tmp_path / "resumed"
     done = run_script(str(reference_dir), str(reference_dir / "out.pt"), *algorithm_args)
     assert done.returncode == 0, done.stderr[-4000:]
-    killed = run_script(str(resumed_dir), str(resumed_dir / "never.pt"), *algorithm_args,
-                        "--kill-round", str(kill_round), "--kill-client-index", str(client_index))
+    killed = run_script(
+        str(resumed_dir),
+        str(resumed_dir / "never.pt"),
+        *algorithm_args,
+        "--kill-round",
+        str(kill_round),
+        "--kill-client-index",
+        str(client_index),
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-4000:]
     resumed = run_script(str(resumed_dir), str(resumed_dir / "out.pt"), *algorithm_args, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-4000:]

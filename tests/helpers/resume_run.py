@@ -18,8 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from helpers.boring import BoringClassifier, make_datamodule  # noqa: E402
-from lightning_fed import FedCallback, FederatedTrainer  # noqa: E402
+from helpers.boring import BoringClassifier, make_datamodule
+from lightning_fed import FedCallback, FederatedTrainer
 
 
 class Killer(FedCallback):
@@ -87,11 +87,18 @@ def main() -> None:
     datamodule = make_datamodule(num_clients=5, val_fraction=0.1)
     counter = Counter()
     trainer = FederatedTrainer(
-        num_rounds=4, clients_per_round=3, local_epochs=2, keep_optimizer_state=True,
+        num_rounds=4,
+        clients_per_round=3,
+        local_epochs=2,
+        keep_optimizer_state=True,
         callbacks=[counter, *map(build, args.callback), Killer(args.kill_round, args.kill_client_index)],
         aggregator=build(args.aggregator) if args.aggregator else None,
-        default_root_dir=args.root, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        accelerator="cpu", devices=1,
+        default_root_dir=args.root,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
     )
     trainer.fit(module, datamodule=datamodule, ckpt_path="last" if args.resume else None)
     torch.save(

@@ -150,8 +150,11 @@ def test_metric_states_stay_out_of_state_dict() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "cls"),
-    [({"optimizer": "sgd", "momentum": 0.9}, torch.optim.SGD), ({"optimizer": "adam"}, torch.optim.Adam),
-     ({"optimizer": "adamw", "weight_decay": 0.01}, torch.optim.AdamW)],
+    [
+        ({"optimizer": "sgd", "momentum": 0.9}, torch.optim.SGD),
+        ({"optimizer": "adam"}, torch.optim.Adam),
+        ({"optimizer": "adamw", "weight_decay": 0.01}, torch.optim.AdamW),
+    ],
 )
 def test_configure_optimizers(kwargs: dict, cls: type) -> None:
     module = _module(lr=0.05, **kwargs)
@@ -166,10 +169,17 @@ def test_configure_optimizers(kwargs: dict, cls: type) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"num_classes": 1}, "num_classes"), ({"optimizer": "rmsprop"}, "optimizer"), ({"lr": 0.0}, "lr"),
-     ({"lr": float("nan")}, "lr"), ({"momentum": 1.0}, "momentum"), ({"optimizer": "adam", "momentum": 0.9},
-     "momentum"), ({"weight_decay": -1e-4}, "weight_decay"), ({"lr": True}, "lr"),
-     ({"weight_decay": float("inf")}, "weight_decay")],
+    [
+        ({"num_classes": 1}, "num_classes"),
+        ({"optimizer": "rmsprop"}, "optimizer"),
+        ({"lr": 0.0}, "lr"),
+        ({"lr": float("nan")}, "lr"),
+        ({"momentum": 1.0}, "momentum"),
+        ({"optimizer": "adam", "momentum": 0.9}, "momentum"),
+        ({"weight_decay": -1e-4}, "weight_decay"),
+        ({"lr": True}, "lr"),
+        ({"weight_decay": float("inf")}, "weight_decay"),
+    ],
 )
 def test_classifier_rejects_bad_arguments(kwargs: dict, name: str) -> None:
     args = {"num_classes": 3, **kwargs}
@@ -229,8 +239,13 @@ def test_trainer_fit_and_test_log_expected_keys(mnist1d: dict[str, torch.Tensor]
     test = TensorDataset(mnist1d["x_test"][:256].float().unsqueeze(1), mnist1d["y_test"][:256].long())
     module = ClassifierModule(MNIST1DCNN(), num_classes=10, optimizer="sgd", lr=0.05, momentum=0.9)
     trainer = L.Trainer(
-        max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=tmp_path,
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
     )
     trainer.fit(module, DataLoader(train, batch_size=64), DataLoader(test, batch_size=128))
     assert {"train_loss", "val_loss", "val_acc"} <= set(trainer.callback_metrics)

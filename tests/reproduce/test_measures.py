@@ -21,8 +21,13 @@ def test_final_best_and_tail_mean():
 
 
 def test_rounds_without_the_metric_and_nan_are_skipped():
-    summary = {"history": [{"round": 1.0}, {"round": 2.0, "global/test_acc": float("nan")},
-                           {"round": 3.0, "global/test_acc": 0.3}]}
+    summary = {
+        "history": [
+            {"round": 1.0},
+            {"round": 2.0, "global/test_acc": float("nan")},
+            {"round": 3.0, "global/test_acc": 0.3},
+        ]
+    }
     assert measures.series(summary, "global/test_acc") == [(3.0, 0.3)]
 
 
@@ -58,8 +63,11 @@ def test_bmta_prefers_the_personalised_models():
 
 
 def test_client_accuracies_and_mean_emd():
-    summary = {"final_client_metrics": {"0": {"test_loss": 1.0, "test_acc": 0.5}, "1": {"test_acc": 0.75}},
-               "mean_emd": 1.2, "history": []}
+    summary = {
+        "final_client_metrics": {"0": {"test_loss": 1.0, "test_acc": 0.5}, "1": {"test_acc": 0.75}},
+        "mean_emd": 1.2,
+        "history": [],
+    }
     assert sorted(measures.client_accuracies(summary)) == [0.5, 0.75]
     assert measures.mean_emd(summary) == 1.2
     shared = {**summary, "history": [{"round": 1.0, "sharing/emd_after": 0.9}]}

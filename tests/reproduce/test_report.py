@@ -14,15 +14,28 @@ def _ok_run(tmp_path: Path, name: str, accuracies: list[float], **summary) -> Ru
     run_dir = tmp_path / "runs" / name
     run_dir.mkdir(parents=True)
     history = [{"round": float(r + 1), "global/test_acc": acc} for r, acc in enumerate(accuracies)]
-    payload = {"num_rounds": len(accuracies), "completed_rounds": len(accuracies), "history": history,
-               "final": history[-1], "mean_emd": 0.0, "final_client_metrics": {}, **summary}
+    payload = {
+        "num_rounds": len(accuracies),
+        "completed_rounds": len(accuracies),
+        "history": history,
+        "final": history[-1],
+        "mean_emd": 0.0,
+        "final_client_metrics": {},
+        **summary,
+    }
     (run_dir / "summary.json").write_text(json.dumps(payload))
     return RunResult(name, OK, str(run_dir), 1.0, f"lightning-fed fit {name}")
 
 
 def _failed_run(tmp_path: Path, name: str) -> RunResult:
-    return RunResult(name, FAILED, str(tmp_path / "runs" / name), 2.0, f"lightning-fed fit {name}",
-                     "exit code 1\nRuntimeError: the data went missing")
+    return RunResult(
+        name,
+        FAILED,
+        str(tmp_path / "runs" / name),
+        2.0,
+        f"lightning-fed fit {name}",
+        "exit code 1\nRuntimeError: the data went missing",
+    )
 
 
 def test_failed_run_is_marked_and_the_other_claims_still_get_verdicts(tmp_path):
@@ -64,8 +77,13 @@ def test_a_run_without_the_claimed_metric_gives_no_verdict_not_a_crash(tmp_path)
 
 def test_sweep_claims_read_every_successful_level(tmp_path):
     claims = claims_for(["1", "2"])
-    runs = {"zhao_iid": (0.0, 0.84), "zhao_emd_0.72": (0.72, 0.83), "zhao_1class": (1.8, 0.40),
-            "zhao_share_0.05": (1.44, 0.55), "zhao_share_0.1": (1.2, 0.70)}
+    runs = {
+        "zhao_iid": (0.0, 0.84),
+        "zhao_emd_0.72": (0.72, 0.83),
+        "zhao_1class": (1.8, 0.40),
+        "zhao_share_0.05": (1.44, 0.55),
+        "zhao_share_0.1": (1.2, 0.70),
+    }
     results = [_ok_run(tmp_path, name, [acc], mean_emd=emd) for name, (emd, acc) in runs.items()]
     results.append(_failed_run(tmp_path, "zhao_emd_1.44"))
     report = write_report(tmp_path, "small", claims, results, {})
@@ -79,11 +97,19 @@ def test_sweep_claims_read_every_successful_level(tmp_path):
 def test_fedamp_claims_draw_client_distributions_and_pick_up_xi_heatmaps(tmp_path):
     claims = claims_for(["3"])
     results = []
-    for method, (bmta, accs) in {"fedamp": (0.9, [0.8, 1.0]), "heurfedamp": (0.9, [0.9, 0.9]),
-                                 "separate": (0.95, [0.9, 1.0]), "fedavg": (0.5, [0.3, 0.7])}.items():
+    for method, (bmta, accs) in {
+        "fedamp": (0.9, [0.8, 1.0]),
+        "heurfedamp": (0.9, [0.9, 0.9]),
+        "separate": (0.95, [0.9, 1.0]),
+        "fedavg": (0.5, [0.3, 0.7]),
+    }.items():
         key = "client" if method == "fedavg" else "personal"
-        result = _ok_run(tmp_path, f"pathological_{method}", [0.5],
-                         final_client_metrics={str(i): {"test_acc": a} for i, a in enumerate(accs)})
+        result = _ok_run(
+            tmp_path,
+            f"pathological_{method}",
+            [0.5],
+            final_client_metrics={str(i): {"test_acc": a} for i, a in enumerate(accs)},
+        )
         summary_path = Path(result.run_dir) / "summary.json"
         summary = json.loads(summary_path.read_text())
         for entry in summary["history"]:
@@ -106,8 +132,14 @@ def test_run_one_records_a_missing_config_and_a_crashing_run(tmp_path):
     assert result.status == FAILED and "config not found: configs/none.yaml" in result.error
     assert json.loads((tmp_path / "runs" / "ghost" / "status.json").read_text())["status"] == FAILED
 
-    broken = run_one(EXPERIMENTS["fedgg_paper_beta01"], "smoke", tmp_path, Path(__file__).parents[2],
-                     extra=["--trainer.num_roundz", "1"], in_process=True)
+    broken = run_one(
+        EXPERIMENTS["fedgg_paper_beta01"],
+        "smoke",
+        tmp_path,
+        Path(__file__).parents[2],
+        extra=["--trainer.num_roundz", "1"],
+        in_process=True,
+    )
     assert broken.status == FAILED and "SystemExit" in broken.error
     assert "num_roundz" in (tmp_path / "runs" / "fedgg_paper_beta01" / "run.log").read_text()
 

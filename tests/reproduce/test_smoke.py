@@ -34,8 +34,13 @@ def test_smoke_profile_end_to_end(tmp_path, monkeypatch, capsys):
     no_verdict = {claim["key"] for claim in payload["claims"] if claim["verdict"] == NO_VERDICT}
     assert no_verdict == {"rfedavg_sim0"}
     expected = {f"curves_{claim.key}.png" for claim in CLAIMS if claim.curves} | {
-        "accuracy_vs_emd.png", "accuracy_vs_beta.png", "client_accuracy_pathological.png",
-        "client_accuracy_practical.png", "xi_pathological_fedamp.png", "xi_practical_fedamp.png"}
+        "accuracy_vs_emd.png",
+        "accuracy_vs_beta.png",
+        "client_accuracy_pathological.png",
+        "client_accuracy_practical.png",
+        "xi_pathological_fedamp.png",
+        "xi_practical_fedamp.png",
+    }
     drawn = {path.name for path in tmp_path.glob("*.png")}
     assert expected <= drawn
     assert all(f"]({name})" in report for name in expected)
@@ -44,8 +49,11 @@ def test_smoke_profile_end_to_end(tmp_path, monkeypatch, capsys):
 
 def test_lightning_fed_reproduce_dispatches_before_lightning_cli(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "argv", ["lightning-fed", "reproduce", "--profile", "small", "--claims", "5", "--list",
-                                      "--out-dir", str(tmp_path)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["lightning-fed", "reproduce", "--profile", "small", "--claims", "5", "--list", "--out-dir", str(tmp_path)],
+    )
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
     assert exit_info.value.code == 0
@@ -99,7 +107,21 @@ def test_benchmarks_script_runs_the_suite():
     import subprocess
 
     # Run as `python benchmarks/reproduce.py`, as the README shows; --list prints the commands without running.
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reproduce.py"), "--profile", "small", "--claims",
-                           "5", "--list", "--no-wandb"], cwd=ROOT, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "reproduce.py"),
+            "--profile",
+            "small",
+            "--claims",
+            "5",
+            "--list",
+            "--no-wandb",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].startswith("lightning-fed fit --config configs/experiments/")

@@ -4,9 +4,9 @@ import copy
 
 import pytest
 import torch
-
 from helpers.boring import BoringClassifier, FedCallback, fast_trainer, global_weights, make_datamodule
 from helpers.reference_sgd import reference_epoch
+
 from lightning_fed.callbacks.warmup import SharedDataWarmup
 from lightning_fed.datamodules import DataSharing, IidPartitioner, ShardPartitioner
 from lightning_fed.datamodules.sharing import global_set_size
@@ -164,7 +164,11 @@ def test_warmup_takes_a_clients_steps_with_clipping_and_accumulation(tmp_path):
             reference_epoch(reference, optimizer, loader, clip=clip, accumulate=accumulate)
     recorder = _InitialGlobal()
     trainer = fast_trainer(
-        tmp_path, num_rounds=1, seed=7, gradient_clip_val=0.05, accumulate_grad_batches=2,
+        tmp_path,
+        num_rounds=1,
+        seed=7,
+        gradient_clip_val=0.05,
+        accumulate_grad_batches=2,
         callbacks=[SharedDataWarmup(), recorder],
     )
     trainer.fit(module, datamodule=dm)

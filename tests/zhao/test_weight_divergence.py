@@ -5,12 +5,12 @@ from types import SimpleNamespace
 import lightning.pytorch as L
 import pytest
 import torch
+from helpers.boring import NUM_CLASSES, BoringClassifier, fast_trainer, global_weights, make_datamodule
+from helpers.reference_sgd import reference_epoch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torchmetrics import MeanMetric
 
-from helpers.boring import NUM_CLASSES, BoringClassifier, fast_trainer, global_weights, make_datamodule
-from helpers.reference_sgd import reference_epoch
 from lightning_fed.callbacks.weight_divergence import WeightDivergence
 from lightning_fed.datamodules import IidPartitioner, ShardPartitioner
 from lightning_fed.functional.divergence import total_weight_divergence, weight_divergence
@@ -44,7 +44,10 @@ def _fit(tmp_path, partitioner, num_rounds=3, clients=None, lr=0.1, trainer_kwar
     module = BoringClassifier(lr=lr, **kwargs)
     callback = WeightDivergence()
     trainer = fast_trainer(
-        tmp_path, num_rounds=num_rounds, clients_per_round=clients or partitioner.num_partitions, callbacks=[callback],
+        tmp_path,
+        num_rounds=num_rounds,
+        clients_per_round=clients or partitioner.num_partitions,
+        callbacks=[callback],
         **(trainer_kwargs or {}),
     )
     trainer.fit(module, datamodule=dm)
@@ -94,7 +97,11 @@ def test_twin_is_a_direct_sgd_pass_with_clipping_and_accumulation(tmp_path):
     expected = copy.deepcopy(module)
     callback = WeightDivergence()
     trainer = fast_trainer(
-        tmp_path, num_rounds=1, clients_per_round=2, gradient_clip_val=0.05, accumulate_grad_batches=3,
+        tmp_path,
+        num_rounds=1,
+        clients_per_round=2,
+        gradient_clip_val=0.05,
+        accumulate_grad_batches=3,
         callbacks=[callback],
     )
     trainer.fit(module, datamodule=dm)
@@ -164,7 +171,10 @@ def test_twin_state_survives_resume(tmp_path):
         L.seed_everything(0)
         callback = WeightDivergence()
         checkpoint = ModelCheckpoint(
-            dirpath=root, filename="round{epoch}", auto_insert_metric_name=False, save_top_k=-1,
+            dirpath=root,
+            filename="round{epoch}",
+            auto_insert_metric_name=False,
+            save_top_k=-1,
             save_on_train_epoch_end=True,
         )
         trainer = fast_trainer(root, num_rounds=num_rounds, callbacks=[callback, checkpoint], enable_checkpointing=True)

@@ -14,8 +14,9 @@ sys.modules["zhao_plots"] = zhao_plots
 _spec.loader.exec_module(zhao_plots)
 
 
-def _write(root: Path, name: str, emd: float, acc: float, history_extra: dict | None = None,
-           config: str | None = None) -> Path:
+def _write(
+    root: Path, name: str, emd: float, acc: float, history_extra: dict | None = None, config: str | None = None
+) -> Path:
     run_dir = root / name
     run_dir.mkdir(parents=True)
     first = {"round": 1.0, "global/test_acc": acc / 2, **(history_extra or {})}

@@ -120,8 +120,9 @@ class TargetEmdPartitioner(Partitioner):
         """``[num_partitions, C]`` per-client counts of P's entries for the largest feasible client size M."""
         num_classes = distribution.size
         # Class s is needed Σ_k counts[(s − k) mod C] times; with real-valued counts that is M · demand[s].
-        demand = np.array([sum(distribution[(s - k) % num_classes] for k in range(self.num_partitions))
-                           for s in range(num_classes)])
+        demand = np.array(
+            [sum(distribution[(s - k) % num_classes] for k in range(self.num_partitions)) for s in range(num_classes)]
+        )
         size = int(min(math.floor(available[s] / demand[s] + _SLACK) for s in range(num_classes) if demand[s] > 0))
         while size > 0:
             counts = apportion(distribution, size)
