@@ -19,7 +19,9 @@ from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from typing_extensions import override
 
+from lightning_fed.callbacks.base import federated_trainer
 from lightning_fed.datamodules.base import FederatedDataModule
 from lightning_fed.reporting import resolve_run_dir
 from lightning_fed.trainer import FederatedTrainer
@@ -32,8 +34,9 @@ class SaveConfigToRunDir(SaveConfigCallback):
     overwrite the same file there. Each run directory is the run's own, so its config stays with its results.
     """
 
+    @override
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        run_dir = resolve_run_dir(trainer)
+        run_dir = resolve_run_dir(federated_trainer(trainer, self))
         run_dir.mkdir(parents=True, exist_ok=True)
         self.parser.save(
             self.config, str(run_dir / self.config_filename), skip_none=False, overwrite=True, multifile=self.multifile
@@ -51,7 +54,9 @@ class FederatedCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("save_config_callback", SaveConfigToRunDir)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True, "save_to_log_dir": False})
-        super().__init__(
+        # Positional arguments after the two classes are LightningCLI's own (save_config_callback, ...); the
+        # keywords below are not among them.
+        super().__init__(  # type: ignore[misc]
             LightningModule,
             FederatedDataModule,
             *args,
@@ -61,6 +66,7 @@ class FederatedCLI(LightningCLI):
             **kwargs,
         )
 
+    @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
             "--fill_num_classes",
@@ -69,6 +75,7 @@ class FederatedCLI(LightningCLI):
             help="Set the model's `num_classes` init argument from the datamodule when the YAML leaves it out.",
         )
 
+    @override
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         if not config.get("fill_num_classes", True):
@@ -83,7 +90,6 @@ class FederatedCLI(LightningCLI):
 
 def _num_classes_of(data_config: Any) -> int | None:
     """The datamodule class's ``num_classes`` (a class attribute or an init argument) without building it."""
-    import importlib
 
     init_args = data_config.get("init_args") or {}
     if init_args.get("num_classes") is not None:

@@ -75,14 +75,16 @@ class _RoundLoop(_TrainingEpochLoop):
     @override
     def on_save_checkpoint(self) -> dict[str, Any]:
         state_dict = super().on_save_checkpoint()
-        state_dict["federated"] = self.trainer.federated_state_dict()
+        trainer: FederatedTrainer = self.trainer  # type: ignore[assignment]
+        state_dict["federated"] = trainer.federated_state_dict()
         return state_dict
 
     @override
     def on_load_checkpoint(self, state_dict: dict[str, Any]) -> None:
         super().on_load_checkpoint(state_dict)
         if "federated" in state_dict:
-            self.trainer.load_federated_state_dict(state_dict["federated"])
+            trainer: FederatedTrainer = self.trainer  # type: ignore[assignment]
+            trainer.load_federated_state_dict(state_dict["federated"])
 
 
 def install_round_loop(trainer: FederatedTrainer) -> None:

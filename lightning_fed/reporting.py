@@ -147,7 +147,7 @@ class RunReporter:
         self._log_accuracy_distribution(round_number, per_client, prefix)
         keys = sorted({key for metrics in per_client.values() for key in metrics})
         datamodule = self.trainer.datamodule
-        columns = ["client", "num_train_samples", *keys]
+        columns: list[str | int] = ["client", "num_train_samples", *keys]
         rows = [
             [cid, datamodule.client_num_samples(cid), *(m.get(k, float("nan")) for k in keys)]
             for cid, m in sorted(per_client.items())

@@ -108,7 +108,7 @@ class RoundRunner:
             if update is not None:
                 train_metrics[client_id] = update.metrics
         ordered_metrics, other_steps = combine_shares(round_ctx, bytes_before, train_metrics, self._steps_taken)
-        if other_steps:
+        if other_steps and self.local.count_step is not None:
             # global_step counts every optimizer step of the round, as in one process, on every rank.
             self.local.count_step(other_steps)
         sync_store(self.state.store)
@@ -153,7 +153,8 @@ class RoundRunner:
         if trainer.keep_optimizer_state:
             self.state.store.put("optimizer", client_id, optimizer.state_dict()["state"])
         if not all_finite(update.params):
-            return self._reject(round_ctx, client_id)
+            self._reject(round_ctx, client_id)
+            return None
         self.dispatch("on_client_end", ctx, update)
         trainer.aggregator.update(update)
         return update

@@ -72,6 +72,11 @@ class FederatedTrainer(Trainer):
             gradient_clip_val, accelerator, ...).
     """
 
+    # Lightning's connectors set these at run time without declaring them on the class; declared here so that the
+    # library's code that reads them is type-checked.
+    datamodule: Any
+    callbacks: list[Callback]
+
     def __init__(
         self,
         *,
@@ -182,11 +187,13 @@ class FederatedTrainer(Trainer):
 
     def validate(self, *args: Any, weights_only: bool | None = None, **kwargs: Any) -> Any:
         """Lightning's validation of the global model; checkpoints load with ``weights_only=True`` by default."""
-        return super().validate(*args, weights_only=True if weights_only is None else weights_only, **kwargs)
+        weights_only = True if weights_only is None else weights_only
+        return super().validate(*args, weights_only=weights_only, **kwargs)  # type: ignore[misc]
 
     def test(self, *args: Any, weights_only: bool | None = None, **kwargs: Any) -> Any:
         """Lightning's test of the global model; checkpoints load with ``weights_only=True`` by default."""
-        return super().test(*args, weights_only=True if weights_only is None else weights_only, **kwargs)
+        weights_only = True if weights_only is None else weights_only
+        return super().test(*args, weights_only=weights_only, **kwargs)  # type: ignore[misc]
 
     @property
     def fed_runner(self) -> RoundRunner | None:

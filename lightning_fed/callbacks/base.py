@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 from torch.optim import Optimizer
 
@@ -123,3 +123,19 @@ class FedCallback(Callback):
         self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext
     ) -> None:
         """Called before a client's test split is evaluated; swap ``client_ctx.initial_params`` to personalise."""
+
+
+def federated_trainer(trainer: Trainer, callback: object) -> FederatedTrainer:
+    """``trainer`` as a :class:`~lightning_fed.FederatedTrainer`, for Lightning hooks typed with a plain ``Trainer``.
+
+    Raises:
+        TypeError: If ``callback`` is used with a plain Lightning ``Trainer``, which has no rounds.
+    """
+    from lightning_fed.trainer import FederatedTrainer
+
+    if not isinstance(trainer, FederatedTrainer):
+        raise TypeError(
+            f"{type(callback).__name__} is a federated callback: use it with `lightning_fed.FederatedTrainer`, not"
+            f" {type(trainer).__name__}."
+        )
+    return trainer

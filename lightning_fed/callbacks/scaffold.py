@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_warn
-from lightning.pytorch import LightningModule
+from lightning.pytorch import LightningModule, Trainer
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_fed.aggregators.fedavg import FedAvg
-from lightning_fed.callbacks.base import FedCallback
+from lightning_fed.callbacks.base import FedCallback, federated_trainer
 from lightning_fed.checks import InvalidArgumentError
 from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.functional.gradients import add_to_grad_
@@ -86,7 +86,8 @@ class Scaffold(FedCallback, CrossProcessState):
         self._num_deltas = 0
 
     @override
-    def on_fit_start(self, trainer: FederatedTrainer, pl_module: LightningModule) -> None:
+    def on_fit_start(self, pl_trainer: Trainer, pl_module: LightningModule) -> None:
+        trainer = federated_trainer(pl_trainer, self)
         _check_aggregator(trainer.aggregator)
         _check_optimizer(trainer.optimizers[0])
         trainable = {name: p for name, p in pl_module.named_parameters() if p.requires_grad}

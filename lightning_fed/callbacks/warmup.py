@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lightning.pytorch import LightningModule
+from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
-from lightning_fed.callbacks.base import FedCallback
+from lightning_fed.callbacks.base import FedCallback, federated_trainer
 from lightning_fed.checks import check_int, check_real
 from lightning_fed.client import RoundContext
 from lightning_fed.local_training import LocalTrainer
@@ -51,7 +51,8 @@ class SharedDataWarmup(FedCallback):
         self.metrics: dict[str, float] = {}
 
     @override
-    def on_train_start(self, trainer: FederatedTrainer, pl_module: LightningModule) -> None:
+    def on_train_start(self, pl_trainer: Trainer, pl_module: LightningModule) -> None:
+        trainer = federated_trainer(pl_trainer, self)
         datamodule = trainer.datamodule
         sharing = getattr(datamodule, "sharing", None)
         if sharing is None:

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
-from lightning_fed.callbacks.base import FedCallback
+from lightning_fed.callbacks.base import FedCallback, federated_trainer
 from lightning_fed.checks import check_int
 from lightning_fed.client import RoundContext
 from lightning_fed.functional.divergence import total_weight_divergence, weight_divergence
@@ -102,7 +102,8 @@ class WeightDivergence(FedCallback):
         metrics[f"{PREFIX}total"] = total_weight_divergence(current, self._twin, self._names)
 
     @override
-    def on_train_end(self, trainer: FederatedTrainer, pl_module: LightningModule) -> None:
+    def on_train_end(self, pl_trainer: Trainer, pl_module: LightningModule) -> None:
+        trainer = federated_trainer(pl_trainer, self)
         history = trainer.federation_state.history
         keys = sorted({key for entry in history for key in entry if key.startswith(PREFIX)})
         if not trainer.is_global_zero or not keys:

@@ -58,7 +58,7 @@ def weighted_average(states: Iterable[Mapping[str, Tensor]], weights: Iterable[f
     result: StateDict = {}
     for name, last in states[-1].items():
         if is_float_entry(last):
-            acc = sum(w * s[name].double() for s, w in zip(states, weights))
+            acc = torch.stack([w * s[name].double() for s, w in zip(states, weights)]).sum(0)
             result[name] = (acc / total).to(last.dtype)
         else:
             result[name] = last.clone()

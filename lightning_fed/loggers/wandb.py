@@ -44,7 +44,8 @@ class WandbLogger(_LightningWandbLogger):
     def __init__(self, *args: Any, offline: bool | None = None, **kwargs: Any) -> None:
         if offline is None:
             offline = not has_wandb_credentials()
-        super().__init__(*args, offline=offline, **kwargs)
+        # Lightning's `offline` is keyword-only in practice: nobody passes six positional arguments to a logger.
+        super().__init__(*args, offline=offline, **kwargs)  # type: ignore[misc]
 
 
 def wandb_loggers(loggers: list[Any]) -> list[_LightningWandbLogger]:
@@ -70,7 +71,7 @@ def log_image(logger: _LightningWandbLogger, key: str, path: str, caption: str |
 
 
 def log_table(
-    logger: _LightningWandbLogger, key: str, columns: list[str], rows: list[list[Any]], round_idx: int
+    logger: _LightningWandbLogger, key: str, columns: list[str | int], rows: list[list[Any]], round_idx: int
 ) -> None:
     import wandb
 
