@@ -200,6 +200,7 @@ class LocalTrainer:
         federated: list[Any] = callbacks
         self._loss_terms = [cb for cb in federated if is_overridden("client_loss", cb, FedCallback)]
         self._grad_hooks = [cb for cb in federated if is_overridden("on_client_before_optimizer_step", cb, FedCallback)]
+        self._step_hooks = [cb for cb in federated if is_overridden("on_client_after_optimizer_step", cb, FedCallback)]
         device = trainer.strategy.root_device
         transfer_hooks = any(is_overridden(h, module, LightningModule) for h in _TRANSFER_HOOKS)
         self._needs_transfer = device.type != "cpu" or transfer_hooks
@@ -334,6 +335,9 @@ class LocalTrainer:
                 callback.on_client_before_optimizer_step(trainer, module, ctx, optimizer)
         self._call("on_before_optimizer_step", optimizer)
         clip_and_step(trainer, module, optimizer, scaler)
+        if self._federated and ctx is not None:
+            for callback in self._step_hooks:
+                callback.on_client_after_optimizer_step(trainer, module, ctx, optimizer)
         self._call("on_before_zero_grad", optimizer)
         optimizer.zero_grad(set_to_none=True)
         if ctx is not None:

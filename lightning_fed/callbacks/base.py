@@ -19,6 +19,7 @@ FED_HOOKS = (
     "on_client_train_start",
     "client_loss",
     "on_client_before_optimizer_step",
+    "on_client_after_optimizer_step",
     "on_client_end",
     "on_aggregate",
     "on_round_end",
@@ -34,6 +35,7 @@ class FedCallback(Callback):
             on_client_start              may replace ctx.initial_params (personalisation)
             on_client_train_start        the module now holds the start point; the client's loader is given
             per local step: client_loss  (added to the loss) -> backward -> on_client_before_optimizer_step
+                            -> optimizer step -> on_client_after_optimizer_step
             on_client_end                sees the ClientUpdate before the aggregator does
         on_aggregate                     may edit the new global model in place
         for each evaluated client:
@@ -103,6 +105,12 @@ class FedCallback(Callback):
         self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
     ) -> None:
         """Called after backward (and AMP unscaling), before gradient clipping and the optimizer step."""
+
+    def on_client_after_optimizer_step(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
+    ) -> None:
+        """Called right after the optimizer stepped (before zero-grad); edits to the weights here stay outside the
+        optimizer's state (momentum buffers, Adam moments)."""
 
     def on_client_end(
         self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate

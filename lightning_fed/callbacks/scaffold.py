@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from lightning.pytorch import LightningModule, Trainer
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -41,9 +40,15 @@ class Scaffold(FedCallback, CrossProcessState):
         c \leftarrow c + \frac{1}{N}\sum_{i \in S} \Delta c_i
 
     How it plugs in:
-        * The correction :math:`c - c_i` is added to ``param.grad`` in ``on_client_before_optimizer_step`` (after
-          backward and AMP unscaling, before gradient clipping), so the optimizer itself takes the corrected step
-          on the live parameters. With plain SGD this is exactly the paper's step.
+        * The correction :math:`c - c_i` must act on the weights, never on an optimizer's state. With plain SGD
+          (no momentum) it is added to ``param.grad`` in ``on_client_before_optimizer_step`` (after backward and AMP
+          unscaling, before clipping), so SGD takes exactly the paper's step in one update. With any other optimizer
+          (SGD with momentum, Adam, ...) it is applied to the weights right after the optimizer step,
+          :math:`y \leftarrow y - \eta_g\,(c - c_i)` with :math:`\eta_g` the parameter group's current learning
+          rate, as NIID-Bench (Li et al. 2022, arXiv:2102.02079) and NVFlare do. Through ``.grad`` the correction would
+          pass through the momentum buffer and be amplified by about :math:`1/(1-\beta)`; the control error then
+          obeys :math:`e^+ = A(g_i - \bar g) - (A - 1)e` with :math:`A \approx 1/(1-\beta)`, which diverges for
+          :math:`\beta \gtrsim 0.5` at every learning rate. The two forms are the same step for plain SGD.
         * The server model update is FedAvg with uniform weights and server learning rate :math:`\eta_g`: configure
           it as ``trainer.aggregator: {class_path: lightning_fed.aggregators.FedAvg, init_args: {weighting:
           uniform, server_lr: <eta_g>}}``. The callback checks this at fit start and raises otherwise, so
@@ -66,10 +71,10 @@ class Scaffold(FedCallback, CrossProcessState):
         * Communication: each sampled client receives :math:`c` and sends :math:`\Delta c`, both the size of the
           trainable parameters, which is added to ``comm/bytes_down`` and ``comm/bytes_up`` (2x FedAvg for a
           model without buffers).
-        * The paper uses plain SGD. Other optimizers are refused: :math:`(x - y)/(K\eta)` is only a gradient
-          estimate for SGD. SGD with momentum or weight decay is allowed with a warning for momentum: the
-          correction then enters the momentum buffer, and :math:`c_i^+` estimates the momentum-averaged
-          direction, not the mean gradient; weight decay is part of :math:`g_i`.
+        * The paper uses plain SGD, where :math:`(x - y)/(K\eta)` is the client's mean (corrected) gradient. With
+          another optimizer :math:`c_i^+` (option II, unchanged) estimates the optimizer's mean update direction per
+          unit learning rate instead; the controls stay consistent because the correction is measured in the same
+          units. Weight decay is part of :math:`g_i`.
         * Logs ``scaffold/server_control_norm`` (:math:`\lVert c \rVert_2`) each round.
     """
 
@@ -81,6 +86,9 @@ class Scaffold(FedCallback, CrossProcessState):
         self._device_control: StateDict = {}
         self._client_control: StateDict = {}
         self._correction: StateDict = {}
+        # Whether the correction goes through .grad (plain SGD) or onto the weights after each step (the rest).
+        self._through_grad = True
+        self._step_lrs: dict[str, float] | None = None
         # Round state (declared in on_round_start): the sum of the clients' control changes, and their number.
         self._delta_sum: StateDict = {}
         self._num_deltas = 0
@@ -89,7 +97,7 @@ class Scaffold(FedCallback, CrossProcessState):
     def on_fit_start(self, pl_trainer: Trainer, pl_module: LightningModule) -> None:
         trainer = federated_trainer(pl_trainer, self)
         _check_aggregator(trainer.aggregator)
-        _check_optimizer(trainer.optimizers[0])
+        self._through_grad = is_plain_sgd(trainer.optimizers[0])
         trainable = {name: p for name, p in pl_module.named_parameters() if p.requires_grad}
         if not self._server_control:
             self._server_control = zeros_like_state(trainable)
@@ -120,15 +128,33 @@ class Scaffold(FedCallback, CrossProcessState):
         else:
             self._client_control = {name: stored[name].to(server[name].device) for name in server}
         self._correction = gradient_correction(server, self._client_control)
+        self._step_lrs = None
 
     @override
     def on_client_before_optimizer_step(
         self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
     ) -> None:
+        if not self._through_grad:
+            return
         for name, param in pl_module.named_parameters():
             correction = self._correction.get(name)
             if correction is not None:
                 add_to_grad_(param, correction)
+
+    @override
+    def on_client_after_optimizer_step(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
+    ) -> None:
+        if self._through_grad:
+            return
+        # Learning rates move only between rounds (epoch-interval schedulers), so the client's are read once.
+        if self._step_lrs is None:
+            self._step_lrs = _parameter_lrs(pl_module, optimizer, self._correction)
+        with torch.no_grad():
+            for name, param in pl_module.named_parameters():
+                correction = self._correction.get(name)
+                if correction is not None:
+                    param.sub_(correction.to(param.dtype), alpha=self._step_lrs[name])
 
     @override
     def on_client_end(
@@ -191,21 +217,11 @@ def _check_aggregator(aggregator: Any) -> None:
         )
 
 
-def _check_optimizer(optimizer: Optimizer) -> None:
-    """SCAFFOLD's control update (x - y) / (K * lr) is a gradient estimate only for SGD steps."""
-    if not isinstance(optimizer, torch.optim.SGD):
-        raise InvalidArgumentError(
-            "optimizer",
-            type(optimizer).__name__,
-            "torch.optim.SGD for SCAFFOLD, whose control update (x - y) / (K * lr) assumes SGD steps: return it from"
-            " `configure_optimizers` (e.g. ClassifierModule(optimizer='sgd'))",
-        )
-    if any(group.get("momentum", 0.0) or group.get("nesterov", False) for group in optimizer.param_groups):
-        rank_zero_warn(
-            "SCAFFOLD with SGD momentum: the correction c - c_i enters the momentum buffer and c_i then estimates"
-            " the momentum-averaged direction. The paper uses plain SGD (`momentum: 0`).",
-            category=UserWarning,
-        )
+def is_plain_sgd(optimizer: Optimizer) -> bool:
+    """Whether ``optimizer`` is SGD without momentum, whose step carries a ``.grad`` term straight onto the weights."""
+    return type(optimizer) is torch.optim.SGD and all(
+        not group.get("momentum", 0.0) and not group.get("nesterov", False) for group in optimizer.param_groups
+    )
 
 
 def _parameter_lrs(module: LightningModule, optimizer: Optimizer, names: StateDict) -> dict[str, float]:
@@ -223,4 +239,4 @@ def _parameter_lrs(module: LightningModule, optimizer: Optimizer, names: StateDi
     return lrs
 
 
-__all__ = ["Scaffold"]
+__all__ = ["Scaffold", "is_plain_sgd"]
