@@ -94,7 +94,8 @@ class FedCurv(ParameterPenalty, CrossProcessState):
       about 1/B of the per-sample one (B the batch size), so λ must be chosen for the estimator.
     * Timing: statistics measured in round t enter the sums at aggregation, so every client of round t+1 (and none
       of round t) sees them, as in the paper; non-participants keep their latest statistics in the sums.
-    * No penalty on a client's first participation (it has no statistics of its own yet); in round 0 nobody has any.
+    * A client's first participation is penalised with everybody else's statistics (Eq. 3 sums over the other
+      clients, whose U, V, W hold no statistics of this client yet); in round 0 nobody has any, so no penalty.
       A client whose Fisher is not finite keeps its previous statistics (with a warning).
     * Communication per participating client: up u, v, w; down U, V, W (float32, 3 model-sized tensors each way;
       the paper's form needs only u, v and U, V: W is the price of logging the exact value).
@@ -139,13 +140,14 @@ class FedCurv(ParameterPenalty, CrossProcessState):
         self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
     ) -> None:
         self._loader = dataloader
+        if self.sums is None:
+            return  # nobody has statistics yet (round 0): Eq. 3's sum over the others is empty
+        # A first-time client has no statistics of its own in the sums: all of them are the others' (Eq. 3).
         own = client_ctx.store.get(self.namespace, client_ctx.client_id)
-        if own is None or self.sums is None:
-            return
         params = {n: p for n, p in pl_module.named_parameters() if p.requires_grad}
         client_ctx.extras[self.namespace] = excluding_client(self.sums, own, params)
         if self._round_ctx is not None:
-            self._round_ctx.bytes_down += statistics_nbytes(own)
+            self._round_ctx.bytes_down += statistics_nbytes(client_ctx.extras[self.namespace])
 
     @override
     def is_active(self, client_ctx: ClientContext) -> bool:

@@ -132,16 +132,18 @@ def updated_sums(sums: Statistics | None, new: Statistics, old: Statistics | Non
     return result
 
 
-def excluding_client(sums: Statistics, own: Statistics, like: Mapping[str, Tensor]) -> Statistics:
+def excluding_client(sums: Statistics, own: Statistics | None, like: Mapping[str, Tensor]) -> Statistics:
     """``U − u_s``, ``V − v_s``, ``W − w_s`` for client s, out of place, cast to the dtype and device of ``like``.
 
-    ``U − u_s`` and ``W − w_s`` are clamped at 0: exact arithmetic makes them non-negative, round-off may not.
+    ``own`` is ``None`` for a client with no statistics in the sums yet (its first participation): the sums then
+    hold only the others', and are used as they are. ``U − u_s`` and ``W − w_s`` are clamped at 0: exact arithmetic
+    makes them non-negative, round-off may not.
     """
     result: Statistics = {}
     for key in STAT_KEYS:
         diffs: StateDict = {}
         for name, target in like.items():
-            diff = sums[key][name] - own[key][name].double()
+            diff = sums[key][name] if own is None else sums[key][name] - own[key][name].double()
             if key in _NON_NEGATIVE:
                 diff = diff.clamp_min(0.0)
             diffs[name] = diff.to(device=target.device, dtype=target.dtype)

@@ -214,14 +214,22 @@ def test_in_a_fit_every_client_of_a_round_sees_the_same_sums_minus_its_own(tmp_p
     assert len(store.clients("fedcurv")) >= 2
 
 
-def test_no_penalty_on_a_clients_first_participation(tmp_path):
+def test_a_first_time_client_is_penalised_with_everybody_elses_statistics(tmp_path):
+    # Eq. 3 sums over the other clients: a client joining after round 0 finds their statistics in U, V, W (and none
+    # of its own), so it trains with the sums as they are. Only round 0, where nobody has statistics, is unpenalised.
     fedcurv = FedCurv(0.5)
     spy = _Spy(fedcurv)
-    _fit(tmp_path, [fedcurv, spy], num_rounds=3, clients_per_round=1, num_clients=4)
-    participated = set()
-    for round_idx, client_id, _, active, _ in spy.seen:
-        assert active == (client_id in participated), (round_idx, client_id)
+    _fit(tmp_path, [fedcurv, spy], num_rounds=4, clients_per_round=1, num_clients=4)
+    participated, first_timers = set(), 0
+    for round_idx, client_id, sums_u, active, extras in spy.seen:
+        assert active == (round_idx > 0), (round_idx, client_id)
+        if round_idx > 0 and client_id not in participated:
+            first_timers += 1
+            for name, total in sums_u.items():
+                assert torch.equal(extras["u"][name], total.to(extras["u"][name].dtype)), name
+            assert any(t.abs().max() > 0 for t in extras["u"].values())
         participated.add(client_id)
+    assert first_timers >= 1  # the seeded sampling brought a new client after round 0: the case was exercised
 
 
 def test_lambda_zero_is_exactly_fedavg_and_lambda_positive_is_not(tmp_path):
