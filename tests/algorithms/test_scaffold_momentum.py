@@ -44,7 +44,13 @@ def _quadratic_clients() -> DatasetFederated:
     rows = torch.cat([TARGETS, CURVATURES[:, None]], 1).repeat_interleave(per_client, 0)
     labels = torch.arange(4).repeat_interleave(per_client)
     return DatasetFederated(
-        TensorClassificationDataset(rows, labels), None, 4, ShardPartitioner(4, 1), batch_size=8, client_test_fraction=0.0, client_test_size=2
+        TensorClassificationDataset(rows, labels),
+        None,
+        4,
+        ShardPartitioner(4, 1),
+        batch_size=8,
+        client_test_fraction=0.0,
+        client_test_size=2,
     )
 
 
