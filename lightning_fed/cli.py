@@ -7,13 +7,18 @@ Examples::
     lightning-fed fit --config configs/quickstart.yaml --ckpt_path last      # resume a killed run
     lightning-fed fit --config configs/quickstart.yaml --print_config
     lightning-fed reproduce --profile small     # the papers' claims, from a repository checkout (benchmarks/reproduce/)
+
+A bad argument, config entry or data setting stops the command before anything is written, with one line on
+stderr that names the setting by its config path, the value given and what is allowed (see :func:`main`).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +26,19 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from typing_extensions import override
 
-from lightning_fed.callbacks.base import federated_trainer
+from lightning_fed.callbacks.base import FedCallback, federated_trainer
+from lightning_fed.checks import InvalidArgumentError
+from lightning_fed.cli_errors import HeldOutput, error_line, report, traceback_requested
 from lightning_fed.datamodules.base import FederatedDataModule
 from lightning_fed.reporting import resolve_run_dir
+from lightning_fed.setup_checks import (
+    check_epoch_args,
+    check_lightning_settings,
+    check_loss_scaling,
+    check_num_classes,
+    check_output_dir,
+    check_seed_everything,
+)
 from lightning_fed.trainer import FederatedTrainer
 
 
@@ -51,7 +66,9 @@ class FederatedCLI(LightningCLI):
     it out, it is filled in from the datamodule. Unknown keys are rejected by the parser with the key's name.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, progress: CLIProgress | None = None, **kwargs: Any) -> None:
+        # Set first: LightningCLI's constructor parses, builds and runs, and `main` reports a failure by stage.
+        self.progress = progress if progress is not None else CLIProgress()
         kwargs.setdefault("save_config_callback", SaveConfigToRunDir)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True, "save_to_log_dir": False})
         # Positional arguments after the two classes are LightningCLI's own (save_config_callback, ...); the
@@ -76,16 +93,135 @@ class FederatedCLI(LightningCLI):
         )
 
     @override
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parses, then checks the settings that no constructor sees (``seed_everything``, output directories)."""
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        self.progress.config, self.progress.subcommand = config, subcommand
+        check_config(config)
+
+    @override
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
-        if not config.get("fill_num_classes", True):
-            return
+        self.progress.stage = "building"
         model, data = config.get("model"), config.get("data")
         if model is None or data is None or "init_args" not in model:
             return
         init_args = model["init_args"]
-        if "num_classes" in init_args and init_args["num_classes"] is None:
+        if config.get("fill_num_classes", True) and "num_classes" in init_args and init_args["num_classes"] is None:
             init_args["num_classes"] = _num_classes_of(data)
+        check_config_num_classes(model, data)
+
+    def before_fit(self) -> None:
+        """Checks the whole setup, data included, before ``fit`` writes anything."""
+        self.check_before_run("fit")
+
+    def before_validate(self) -> None:
+        """Checks the whole setup, data included, before ``validate`` writes anything."""
+        self.check_before_run("validate")
+
+    def before_test(self) -> None:
+        """Checks the whole setup, data included, before ``test`` writes anything."""
+        self.check_before_run("test")
+
+    def check_before_run(self, stage: str) -> None:
+        """Runs every check of the settings that the run would otherwise meet only after it has started writing.
+
+        Lightning creates the W&B run and saves ``config.yaml`` in its setup hook, before the datamodule's data is
+        split and before the round loop checks the trainer against the data. Here the datamodule is set up first
+        (its ``setup`` is idempotent, so the run's own call later does nothing), and the checks that need the data
+        run on it. The data is only set up early in the process that starts the run: processes launched by a
+        cluster or by ``torchrun`` load it in the run, as before.
+        """
+        self.progress.stage = "checking"
+        trainer, model, datamodule = self.trainer, self.model, self.datamodule
+        if isinstance(trainer, FederatedTrainer) and isinstance(datamodule, FederatedDataModule):
+            if _starts_the_run(trainer):
+                datamodule.prepare_data()
+                datamodule.setup(stage)
+            with _prefixed("trainer."):
+                check_num_classes(model, datamodule, name="model.init_args.num_classes")
+                trainer.sampler.num_sampled(datamodule.num_clients)
+                check_loss_scaling(trainer)
+                for callback in trainer.callbacks:
+                    if isinstance(callback, FedCallback):
+                        callback.check_setup(trainer, datamodule)
+        self.progress.started()
+
+
+@dataclass
+class CLIProgress:
+    """How far a ``lightning-fed`` command got, for :func:`main` to report a failure.
+
+    Attributes:
+        config: The parsed config of the subcommand (``None`` before parsing).
+        subcommand: ``fit``, ``validate``, ...
+        stage: ``"parsing"``, ``"building"`` (the config's objects), ``"checking"`` (the setup, before the run),
+            ``"running"``.
+        held: Lightning's log lines and warnings held back until the checks have passed.
+    """
+
+    config: Any = None
+    subcommand: str | None = None
+    stage: str = "parsing"
+    held: HeldOutput = field(default_factory=HeldOutput)
+
+    @property
+    def before_run(self) -> bool:
+        return self.stage != "running"
+
+    def started(self) -> None:
+        """The checks have passed: the run starts, and what was held back is printed."""
+        self.stage = "running"
+        self.held.release()
+
+
+def check_config(config: Any) -> None:
+    """Checks the parsed settings that no constructor checks, by their config paths."""
+    check_seed_everything("seed_everything", config.get("seed_everything"))
+    trainer = config.get("trainer")
+    if trainer is None:
+        return
+    check_epoch_args(trainer, prefix="trainer.")
+    check_lightning_settings(trainer.get("check_val_every_n_epoch"), prefix="trainer.")
+    check_output_dir("trainer.default_root_dir", trainer.get("default_root_dir"))
+    check_output_dir("trainer.run_dir", trainer.get("run_dir"))
+
+
+def check_config_num_classes(model: Any, data: Any) -> None:
+    """The model's ``num_classes`` (and its backbone's) must be the datamodule's, when the config says them."""
+    data_classes = _num_classes_of(data)
+    if data_classes is None:
+        return
+    entries = [("model.init_args.num_classes", model["init_args"].get("num_classes"))]
+    backbone = model["init_args"].get("backbone")
+    if backbone is not None and hasattr(backbone, "get") and backbone.get("init_args") is not None:
+        entries.append(("model.init_args.backbone.init_args.num_classes", backbone["init_args"].get("num_classes")))
+    for name, value in entries:
+        if value is not None and value != data_classes:
+            allowed = (
+                f"the datamodule's number of classes, {data_classes} ({str(data['class_path']).rpartition('.')[2]})"
+            )
+            raise InvalidArgumentError(name, value, allowed)
+
+
+def _starts_the_run(trainer: FederatedTrainer) -> bool:
+    """Whether this process starts the run (it is alone, or it will launch the others), not one launched for it."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    return environment is None or not environment.creates_processes_externally
+
+
+@contextmanager
+def _prefixed(prefix: str) -> Iterator[None]:
+    """Names an :class:`InvalidArgumentError` raised inside by its config path (``clients_per_round`` →
+    ``trainer.clients_per_round``), unless it already is one."""
+    try:
+        yield
+    except InvalidArgumentError as error:
+        if "." in error.argument:
+            raise
+        raise InvalidArgumentError(prefix + error.argument, error.value, error.allowed) from error
 
 
 def _num_classes_of(data_config: Any) -> int | None:
@@ -151,12 +287,43 @@ def reproduce(argv: Sequence[str]) -> int:
     return int(command.main(list(argv)))
 
 
-def main() -> None:
-    """Console entry point of ``lightning-fed``."""
+def main(args: Sequence[str] | None = None) -> None:
+    """Console entry point of ``lightning-fed``.
+
+    A bad input (an invalid argument, config entry or data setting; an unknown key; a value of the wrong type)
+    exits with status 2 and two lines on stderr: the setting's config path with the value given and what is
+    allowed, e.g. ``lightning-fed fit: `trainer.num_rounds` must be an integer >= 1; got 0.``, and how to see the
+    traceback. Every check runs before the run writes anything (no run directory, ``config.yaml``, checkpoint or
+    W&B run is left behind). Lightning's log lines and warnings are held back until the checks have passed.
+
+    Set the environment variable ``LIGHTNING_FED_TRACEBACK=1`` to get Python's traceback for a bad input
+    instead. Errors raised once the run has started (after the checks) always show their traceback.
+
+    Args:
+        args: The command line without the program name; ``None`` reads ``sys.argv``.
+    """
+    argv = list(sys.argv[1:] if args is None else args)
     # LightningCLI's subcommands are fixed (fit, validate, test, ...): `reproduce` is dispatched before it parses.
-    if sys.argv[1:2] == ["reproduce"]:
-        sys.exit(reproduce(sys.argv[2:]))
-    FederatedCLI()
+    if argv[:1] == ["reproduce"]:
+        sys.exit(reproduce(argv[1:]))
+    if traceback_requested():
+        FederatedCLI(args=None if args is None else argv)
+        return
+    progress = CLIProgress(subcommand=argv[0] if argv and not argv[0].startswith("-") else None)
+    progress.held.hold()
+    try:
+        FederatedCLI(args=None if args is None else argv, parser_kwargs={"exit_on_error": False}, progress=progress)
+    except Exception as error:
+        line = error_line(error, progress.config, before_run=progress.before_run)
+        if line is None:
+            progress.held.release()
+            raise
+        progress.held.discard()
+        sys.stderr.write(report(line, progress.subcommand))
+        sys.exit(2)
+    finally:
+        # `--help`, `--print_config` and subcommands without checks (predict) end here with nothing to report.
+        progress.held.release()
 
 
 if __name__ == "__main__":

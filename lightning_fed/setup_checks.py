@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import LightningDataModule, LightningModule
@@ -13,6 +16,18 @@ if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
 
 _FEDERATED_DATAMODULE_API = ("client_dataloader", "client_test_dataloader", "client_num_samples", "num_clients")
+
+EPOCH_ARGS: dict[str, Any] = {
+    "max_epochs": None,
+    "min_epochs": None,
+    "max_steps": -1,
+    "min_steps": None,
+    "max_time": None,
+}
+"""Trainer arguments that ``num_rounds`` replaces, with the defaults that LightningCLI passes along."""
+
+# Lightning's `seed_everything` accepts what NumPy's legacy seeding does: an unsigned 32-bit integer.
+_MAX_SEED = 2**32 - 1
 
 
 def check_round_settings(
@@ -47,6 +62,75 @@ def check_round_settings(
     check_int("seed", seed, allow_none=True)
 
 
+def check_epoch_args(settings: Mapping[str, Any], prefix: str = "") -> None:
+    """Lightning's epoch and step limits have no meaning in a federated fit: ``num_rounds`` replaces them.
+
+    Args:
+        settings: The trainer's keyword arguments (or the CLI's ``trainer`` config).
+        prefix: Put before each argument's name in the error (``"trainer."`` from the CLI).
+    """
+    for name, default in EPOCH_ARGS.items():
+        value = settings.get(name, default)
+        if value != default:
+            raise InvalidArgumentError(
+                f"{prefix}{name}",
+                value,
+                f"left unset ({default}): FederatedTrainer runs `num_rounds` rounds, one epoch each",
+            )
+
+
+def check_lightning_settings(check_val_every_n_epoch: Any, prefix: str = "") -> None:
+    """Lightning Trainer arguments that Lightning itself accepts but that fail later (0 divides a round count)."""
+    check_int(f"{prefix}check_val_every_n_epoch", check_val_every_n_epoch, minimum=1, allow_none=True)
+
+
+def check_seed_everything(name: str, value: Any) -> None:
+    """LightningCLI's ``seed_everything``: true (a random seed), false (none), or a seed NumPy accepts."""
+    if isinstance(value, bool) or value is None:
+        return
+    check_int(name, value, minimum=0, maximum=_MAX_SEED)
+
+
+def check_output_dir(name: str, path: str | os.PathLike[str] | None) -> None:
+    """A directory a run creates or writes into: neither it nor any of its parents may be an existing file.
+
+    Checked before anything is written, so that a run that cannot write its results fails before it trains.
+    """
+    if path is None or str(path) == "":
+        return
+    given = Path(path)
+    for candidate in (given, *given.parents):
+        if candidate.exists() and not candidate.is_dir():
+            where = "" if candidate == given else f" ({candidate} is a file)"
+            raise InvalidArgumentError(name, str(path), f"a directory, not an existing file{where}")
+
+
+def check_num_classes(model: Any, datamodule: Any, name: str = "num_classes") -> None:
+    """A model that says how many classes it predicts (a ``num_classes`` attribute) must predict the data's."""
+    model_classes = getattr(model, "num_classes", None)
+    data_classes = getattr(datamodule, "num_classes", None)
+    if isinstance(model_classes, int) and isinstance(data_classes, int) and model_classes != data_classes:
+        raise InvalidArgumentError(
+            name, model_classes, f"the datamodule's number of classes, {data_classes} ({type(datamodule).__name__})"
+        )
+
+
+def check_loss_scaling(trainer: FederatedTrainer, name: str = "precision") -> None:
+    """fp16 loss scaling skips optimizer steps, which the callbacks that set ``supports_loss_scaling = False``
+    cannot tolerate."""
+    precision = trainer.strategy.precision_plugin
+    if getattr(precision, "scaler", None) is not None:
+        refusing = [
+            type(cb).__name__ for cb in trainer.callbacks if getattr(cb, "supports_loss_scaling", True) is False
+        ]
+        if refusing:
+            raise InvalidArgumentError(
+                name,
+                getattr(precision, "precision", "16-mixed"),
+                f"'bf16-mixed' or '32-true': fp16 loss scaling can skip optimizer steps, which breaks {refusing}",
+            )
+
+
 def check_fit_setup(datamodule: LightningDataModule | None, train_dataloaders: Any, val_dataloaders: Any) -> None:
     """Federated training needs per-client data: a ``FederatedDataModule``, not plain dataloaders."""
     if train_dataloaders is not None or val_dataloaders is not None:
@@ -79,16 +163,7 @@ def check_module_setup(trainer: FederatedTrainer, module: LightningModule) -> No
                 f"LR scheduler {type(config.scheduler).__name__} has `interval={config.interval!r}`; federated"
                 " training steps schedulers once per round: return it with `interval='epoch'`."
             )
-    precision = trainer.strategy.precision_plugin
-    if getattr(precision, "scaler", None) is not None:
-        refusing = [
-            type(cb).__name__ for cb in trainer.callbacks if getattr(cb, "supports_loss_scaling", True) is False
-        ]
-        if refusing:
-            raise ValueError(
-                f"fp16 loss scaling (`precision='16-mixed'`) can skip optimizer steps, which breaks {refusing}:"
-                " use `precision='bf16-mixed'` or `'32-true'`."
-            )
+    check_loss_scaling(trainer)
     num_clients = trainer.datamodule.num_clients
     if num_clients < 1:
         raise ValueError("The datamodule has no clients: check the partitioner's `num_partitions`.")

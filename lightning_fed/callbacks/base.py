@@ -74,6 +74,14 @@ class FedCallback(Callback):
 
     supports_loss_scaling: bool = True
 
+    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+        """Raises when the trainer's settings (aggregator, ``client_eval``, ...) or the datamodule (set up) cannot
+        run this algorithm. ``lightning-fed`` calls it before the run writes anything; the default accepts all.
+
+        Raises:
+            InvalidArgumentError: Naming the setting by its config path (``trainer.aggregator``, ...).
+        """
+
     def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
         """Called after the round's clients are sampled."""
 

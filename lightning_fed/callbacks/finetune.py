@@ -8,7 +8,7 @@ from lightning.pytorch import LightningModule
 from typing_extensions import override
 
 from lightning_fed.callbacks.personalized import PersonalizedCallback
-from lightning_fed.checks import check_int
+from lightning_fed.checks import InvalidArgumentError, check_int
 from lightning_fed.client import ClientContext
 from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.schedule import is_due
@@ -54,6 +54,13 @@ class FineTune(PersonalizedCallback):
         super().__init__("finetune")
         self.epochs = check_int("epochs", epochs, minimum=1)
         self.every_n_rounds = check_int("every_n_rounds", every_n_rounds, minimum=1, allow_none=True)
+
+    @override
+    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+        if trainer.client_eval == "none":
+            raise InvalidArgumentError(
+                "trainer.client_eval", "none", "'all' or 'sampled' with FineTune, which evaluates on the clients' tests"
+            )
 
     @override
     def on_fit_start(self, trainer: Any, pl_module: LightningModule) -> None:

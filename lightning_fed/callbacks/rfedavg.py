@@ -109,6 +109,18 @@ class RFedAvg(FeatureLossTerm):
         self._round_ctx: RoundContext | None = None
 
     @override
+    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+        num_clients = datamodule.num_clients
+        count = trainer.sampler.num_sampled(num_clients) if self.population == "sampled" else num_clients
+        if count < 2:
+            raise InvalidArgumentError(
+                "trainer.clients_per_round",
+                trainer.sampler.clients_per_round,
+                "a count of at least 2 clients for RFedAvg, which averages the other clients' δ"
+                " (or use `population: all`)",
+            )
+
+    @override
     def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
         self._round_ctx = round_ctx
         store = round_ctx.store

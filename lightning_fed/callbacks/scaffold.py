@@ -94,6 +94,10 @@ class Scaffold(FedCallback, CrossProcessState):
         self._num_deltas = 0
 
     @override
+    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+        _check_aggregator(trainer.aggregator)
+
+    @override
     def on_fit_start(self, pl_trainer: Trainer, pl_module: LightningModule) -> None:
         trainer = federated_trainer(pl_trainer, self)
         _check_aggregator(trainer.aggregator)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_fed.callbacks.base import FedCallback, federated_trainer
-from lightning_fed.checks import check_int, check_real
+from lightning_fed.checks import InvalidArgumentError, check_int, check_real
 from lightning_fed.client import RoundContext
 from lightning_fed.local_training import LocalTrainer
 from lightning_fed.seeding import derive_seed, seed_torch
@@ -49,6 +49,13 @@ class SharedDataWarmup(FedCallback):
         self.epochs: int | None = check_int("epochs", epochs, minimum=0, allow_none=True)
         self.lr: float | None = check_real("lr", lr, minimum=0.0, exclusive_minimum=True, allow_none=True)
         self.metrics: dict[str, float] = {}
+
+    @override
+    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+        if getattr(datamodule, "sharing", None) is None:
+            raise InvalidArgumentError(
+                "data.init_args.sharing", None, "set (e.g. {beta: 0.05, alpha: 0.5}) for SharedDataWarmup"
+            )
 
     @override
     def on_train_start(self, pl_trainer: Trainer, pl_module: LightningModule) -> None:

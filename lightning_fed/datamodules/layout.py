@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, Subset
 
+from lightning_fed.checks import InvalidArgumentError
 from lightning_fed.datamodules._splits import RaggedIndex, holdout_sizes, stratified_holdout
 from lightning_fed.datamodules.partitioners.base import Partitioner
 from lightning_fed.seeding import derive_seed
@@ -127,8 +128,21 @@ def hold_out_client_tests(
     """Splits every client's partition into (train split, test split), the test split label-stratified.
 
     A client holds out ``round(n * fraction)`` examples, or ``size`` when given, always keeping one for training.
+
+    Raises:
+        InvalidArgumentError: If ``size`` is given and some client has ``size`` examples or fewer: a fixed test size
+            that a client cannot give is an impossible request, not one to cap silently.
     """
-    sizes = holdout_sizes(partitions.lengths(), fraction, size)
+    lengths = partitions.lengths()
+    if size is not None and lengths.numel() and size > int(lengths.min()) - 1:
+        smallest = int(lengths.argmin())
+        raise InvalidArgumentError(
+            "client_test_size",
+            size,
+            f"at most {int(lengths[smallest]) - 1}: client {smallest} has {int(lengths[smallest])} examples and keeps"
+            " one for training (lower it, or use `client_test_fraction`)",
+        )
+    sizes = holdout_sizes(lengths, fraction, size)
     groups = partitions.group_ids()
     generator = torch.Generator().manual_seed(derive_seed(seed, "client_test"))
     held = stratified_holdout(labels[partitions.flat], groups, sizes, generator)
