@@ -35,6 +35,7 @@ from lightning_fed.setup_checks import (
     check_epoch_args,
     check_lightning_settings,
     check_loss_scaling,
+    check_clients_per_round,
     check_num_classes,
     check_output_dir,
     check_seed_everything,
@@ -142,7 +143,7 @@ class FederatedCLI(LightningCLI):
                 datamodule.setup(stage)
             with _prefixed("trainer."):
                 check_num_classes(model, datamodule, name="model.init_args.num_classes")
-                trainer.sampler.num_sampled(datamodule.num_clients)
+                check_clients_per_round(trainer.sampler.clients_per_round, datamodule.num_clients)
                 check_loss_scaling(trainer)
                 for callback in trainer.callbacks:
                     if isinstance(callback, FedCallback):

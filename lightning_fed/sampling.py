@@ -34,15 +34,14 @@ class UniformClientSampler:
         """How many clients train per round with ``num_clients`` registered.
 
         Raises:
-            InvalidArgumentError: If more clients per round are asked for than are registered.
+            ValueError: If more clients per round are asked for than are registered.
         """
         if isinstance(self.clients_per_round, float):
             return max(1, math.ceil(self.clients_per_round * num_clients))
         if self.clients_per_round > num_clients:
-            raise InvalidArgumentError(
-                "clients_per_round",
-                self.clients_per_round,
-                f"at most the {num_clients} registered clients (or raise the partitioner's `num_partitions`)",
+            raise ValueError(
+                f"`clients_per_round={self.clients_per_round}` exceeds the {num_clients} registered clients: lower"
+                f" `clients_per_round` or raise the partitioner's `num_partitions`."
             )
         return self.clients_per_round
 

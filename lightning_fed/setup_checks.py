@@ -115,6 +115,16 @@ def check_num_classes(model: Any, datamodule: Any, name: str = "num_classes") ->
         )
 
 
+def check_clients_per_round(clients_per_round: int | float, num_clients: int, name: str = "clients_per_round") -> None:
+    """A count of clients per round can be at most the number of registered clients (a fraction always fits)."""
+    if isinstance(clients_per_round, int) and clients_per_round > num_clients:
+        raise InvalidArgumentError(
+            name,
+            clients_per_round,
+            f"at most the {num_clients} registered clients (or raise the partitioner's `num_partitions`)",
+        )
+
+
 def check_loss_scaling(trainer: FederatedTrainer, name: str = "precision") -> None:
     """fp16 loss scaling skips optimizer steps, which the callbacks that set ``supports_loss_scaling = False``
     cannot tolerate."""
