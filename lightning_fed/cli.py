@@ -32,10 +32,10 @@ from lightning_fed.cli_errors import HeldOutput, error_line, report, traceback_r
 from lightning_fed.datamodules.base import FederatedDataModule
 from lightning_fed.reporting import resolve_run_dir
 from lightning_fed.setup_checks import (
+    check_clients_per_round,
     check_epoch_args,
     check_lightning_settings,
     check_loss_scaling,
-    check_clients_per_round,
     check_num_classes,
     check_output_dir,
     check_seed_everything,

@@ -179,6 +179,7 @@ _PARSER_KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
 _CLASS_PATH = re.compile(r"^Problem with given class_path '([^']+)':\s*(.*)$")
 _EXPECTED = re.compile(r"^Expected an? (.+?)\. Got value: (.*)$")
 _NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted")
+_REQUIRED = re.compile(r"^the following arguments are required: (.*)$")
 _UNRECOGNIZED = re.compile(r"^unrecognized arguments: (\S+)(?:\s+(.*))?$")
 _KEY_NOT_EXPECTED = re.compile(r'^Key "([^"]+)" is not expected')
 _IMPORT = re.compile(r"^Expected a dot import path string: (.*)$|^Import path (\S+)")
@@ -234,6 +235,10 @@ def parser_error_line(message: str) -> str:
         match = _EXPECTED.match(line)
         if match:
             return f"`{name}` must be {_type_name(match.group(1))}; got {match.group(2)!r}."
+        match = _REQUIRED.match(line)
+        if match:
+            missing = ", ".join(f"`{name}.{key.strip()}`" for key in match.group(1).split(","))
+            return f"{missing} must be given (a required argument without a default)."
         match = _NOT_ACCEPTED.match(line)
         if match:
             return f"`{name}.{match.group(1)}` is not an accepted argument of `{name.removesuffix('.init_args')}`."

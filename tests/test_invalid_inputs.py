@@ -1,0 +1,341 @@
+"""Every bad input to ``lightning-fed`` ends with a short message that names it, and leaves nothing behind.
+
+Each case runs ``lightning_fed.cli.main`` in-process on a tiny MNIST-1D config (two clients, 200 examples) and checks:
+a non-zero exit, no traceback, the argument's config path in the message, at most three lines on stderr and an
+empty ``default_root_dir``. A few cases run as real subprocesses to prove that the console gets no traceback.
+"""
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_fed.cli import main
+from lightning_fed.cli_errors import TRACEBACK_ENV, parser_error_line
+
+BASE = """\
+seed_everything: 0
+trainer:
+  num_rounds: 1
+  clients_per_round: 2
+  local_epochs: 1
+  accelerator: cpu
+  devices: 1
+  logger: {logger}
+  enable_progress_bar: false
+  enable_model_summary: false
+model:
+  class_path: lightning_fed.models.ClassifierModule
+  init_args:
+    backbone:
+      class_path: lightning_fed.models.MNIST1DCNN
+      init_args:
+        num_classes: 10
+    num_classes: 10
+    lr: 0.05
+data:
+  class_path: lightning_fed.datamodules.MNIST1DFederated
+  init_args:
+    partitioner:
+      class_path: lightning_fed.datamodules.DirichletPartitioner
+      init_args:
+        num_partitions: 2
+        alpha: 0.5
+        seed: 0
+    num_samples: 200
+    batch_size: 32
+"""
+
+WANDB = (
+    "\n    class_path: lightning_fed.loggers.WandbLogger"
+    "\n    init_args:\n      project: lf-test\n      save_dir: {root}"
+)
+
+PART = "--data.init_args.partitioner"
+DATA = "--data.init_args"
+MODEL = "--model.init_args"
+AGG = "--trainer.aggregator"
+CB = "--trainer.callbacks+="
+
+
+def _cb(name, *args):
+    return [f"{CB}lightning_fed.callbacks.{name}", *args]
+
+
+def _partitioner(name, *args):
+    return [PART, f"lightning_fed.datamodules.{name}", *args]
+
+
+# (id, extra command-line arguments, text the message must contain: the argument's config path).
+CASES = [
+    # FederatedTrainer's own arguments
+    ("num_rounds_0", ["--trainer.num_rounds", "0"], "trainer.num_rounds"),
+    ("num_rounds_negative", ["--trainer.num_rounds", "-3"], "trainer.num_rounds"),
+    ("num_rounds_not_int", ["--trainer.num_rounds", "abc"], "trainer.num_rounds"),
+    ("clients_per_round_0", ["--trainer.clients_per_round", "0"], "trainer.clients_per_round"),
+    ("clients_per_round_fraction_above_1", ["--trainer.clients_per_round", "1.5"], "trainer.clients_per_round"),
+    ("clients_per_round_above_clients", ["--trainer.clients_per_round", "5"], "trainer.clients_per_round"),
+    ("local_epochs_0", ["--trainer.local_epochs", "0"], "trainer.local_epochs"),
+    ("local_epochs_and_steps", ["--trainer.local_steps", "2"], "trainer.local_epochs"),
+    ("local_steps_0", ["--trainer.local_epochs", "null", "--trainer.local_steps", "0"], "trainer.local_steps"),
+    ("local_epochs_float", ["--trainer.local_epochs", "0.5"], "trainer.local_epochs"),
+    ("eval_every_n_rounds_negative", ["--trainer.eval_every_n_rounds", "-1"], "trainer.eval_every_n_rounds"),
+    ("client_eval_unknown", ["--trainer.client_eval", "bogus"], "trainer.client_eval"),
+    ("client_eval_every_negative", ["--trainer.client_eval_every_n_rounds", "-1"], "trainer.client_eval_every"),
+    ("client_table_every_negative", ["--trainer.client_table_every_n_rounds", "-2"], "trainer.client_table_every"),
+    ("on_client_divergence_unknown", ["--trainer.on_client_divergence", "bogus"], "trainer.on_client_divergence"),
+    ("keep_optimizer_state_not_bool", ["--trainer.keep_optimizer_state", "maybe"], "trainer.keep_optimizer_state"),
+    ("trainer_seed_float", ["--trainer.seed", "1.5"], "trainer.seed"),
+    ("run_dir_is_a_file", ["--trainer.run_dir", "{file}"], "trainer.run_dir"),
+    ("run_dir_under_a_file", ["--trainer.run_dir", "{file}/run"], "trainer.run_dir"),
+    ("default_root_dir_under_a_file", ["--trainer.default_root_dir", "{file}/root"], "trainer.default_root_dir"),
+    ("unknown_trainer_key", ["--trainer.num_roundz", "3"], "trainer.num_roundz"),
+    # Lightning's arguments that a federated fit cannot use
+    ("check_val_every_n_epoch_0", ["--trainer.check_val_every_n_epoch", "0"], "trainer.check_val_every_n_epoch"),
+    ("max_epochs", ["--trainer.max_epochs", "3"], "trainer.max_epochs"),
+    ("max_steps", ["--trainer.max_steps", "10"], "trainer.max_steps"),
+    ("min_epochs", ["--trainer.min_epochs", "2"], "trainer.min_epochs"),
+    ("accelerator_unknown", ["--trainer.accelerator", "bogus"], "accelerator"),
+    ("seed_everything_negative", ["--seed_everything", "-1"], "seed_everything"),
+    ("seed_everything_too_large", ["--seed_everything", "4294967296"], "seed_everything"),
+    ("missing_config_file", ["--config", "{root}/missing.yaml"], "config"),
+    # Aggregators
+    ("aggregator_unknown_class", [AGG, "Nope"], "trainer.aggregator"),
+    ("fedavg_weighting", [AGG, "FedAvg", f"{AGG}.weighting", "bogus"], "trainer.aggregator.init_args.weighting"),
+    ("fedavg_server_lr_negative", [AGG, "FedAvg", f"{AGG}.server_lr", "-1"], "trainer.aggregator.init_args.server_lr"),
+    ("fedavg_server_lr_0", [AGG, "FedAvg", f"{AGG}.server_lr", "0"], "trainer.aggregator.init_args.server_lr"),
+    ("fedavg_unknown_key", [AGG, "FedAvg", f"{AGG}.lr", "1"], "trainer.aggregator.init_args.lr"),
+    ("qfedavg_q_negative", [AGG, "QFedAvg", f"{AGG}.q", "-1"], "trainer.aggregator.init_args.q"),
+    ("qfedavg_lipschitz_0", [AGG, "QFedAvg", f"{AGG}.lipschitz", "0"], "trainer.aggregator.init_args.lipschitz"),
+    # Callbacks
+    ("fedprox_mu_negative", _cb("FedProx", "--trainer.callbacks.mu", "-1"), "trainer.callbacks[0].init_args.mu"),
+    ("fedprox_unknown_key", _cb("FedProx", "--trainer.callbacks.muu", "1"), "muu"),
+    ("fedcurv_lam_negative", _cb("FedCurv", "--trainer.callbacks.lam", "-1"), "trainer.callbacks[0].init_args.lam"),
+    ("fedcurv_fisher", _cb("FedCurv", "--trainer.callbacks.lam", "1", "--trainer.callbacks.fisher", "x"), "fisher"),
+    ("fedcurv_lam_missing", _cb("FedCurv"), "trainer.callbacks.init_args.lam"),
+    ("fedgg_lam_with_adaptive", _cb("FedGG", "--trainer.callbacks.lam", "0.1"), "trainer.callbacks[0].init_args.lam"),
+    ("apfl_alpha_above_1", _cb("APFL", "--trainer.callbacks.alpha", "2"), "trainer.callbacks[0].init_args.alpha"),
+    ("fedamp_sigma_0", _cb("FedAMP", "--trainer.callbacks.sigma", "0"), "trainer.callbacks[0].init_args.sigma"),
+    ("heurfedamp_self_weight", _cb("HeurFedAMP", "--trainer.callbacks.self_weight", "2"), "self_weight"),
+    ("rfedavg_variant", _cb("RFedAvg", "--trainer.callbacks.variant", "v9"), "variant"),
+    (
+        "rfedavg_dp_clip_missing",
+        _cb("RFedAvg", "--trainer.callbacks.lam", "1", "--trainer.callbacks.dp_std", "1"),
+        "trainer.callbacks[0].init_args",
+    ),
+    ("finetune_epochs_0", _cb("FineTune", "--trainer.callbacks.epochs", "0"), "trainer.callbacks[0].init_args.epochs"),
+    ("finetune_without_client_eval", [*_cb("FineTune"), "--trainer.client_eval", "none"], "trainer.client_eval"),
+    ("warmup_lr_0", _cb("SharedDataWarmup", "--trainer.callbacks.lr", "0"), "trainer.callbacks[0].init_args.lr"),
+    ("warmup_without_sharing", _cb("SharedDataWarmup"), "data.init_args.sharing"),
+    ("weight_divergence_every_0", _cb("WeightDivergence", "--trainer.callbacks.every_n_rounds", "0"), "every_n_rounds"),
+    ("scaffold_with_sample_weighting", _cb("Scaffold"), "trainer.aggregator"),
+    # The model
+    ("lr_negative", [f"{MODEL}.lr", "-1"], "model.init_args.lr"),
+    ("lr_not_a_number", [f"{MODEL}.lr", "abc"], "model.init_args.lr"),
+    ("optimizer_unknown", [f"{MODEL}.optimizer", "lbfgs"], "model.init_args.optimizer"),
+    ("momentum_1", [f"{MODEL}.momentum", "1.0"], "model.init_args.momentum"),
+    ("momentum_with_adam", [f"{MODEL}.optimizer", "adam", f"{MODEL}.momentum", "0.9"], "model.init_args.momentum"),
+    ("weight_decay_negative", [f"{MODEL}.weight_decay", "-1"], "model.init_args.weight_decay"),
+    ("num_classes_disagrees_with_data", [f"{MODEL}.num_classes", "5"], "model.init_args.num_classes"),
+    ("backbone_classes_disagree", [f"{MODEL}.backbone.init_args.num_classes", "7"], "backbone.init_args.num_classes"),
+    ("unknown_model_key", [f"{MODEL}.lrr", "0.1"], "model.init_args.lrr"),
+    ("backbone_channels_0", [f"{MODEL}.backbone.init_args.channels", "0"], "backbone.init_args.channels"),
+    # The datamodule
+    ("batch_size_0", [f"{DATA}.batch_size", "0"], "data.init_args.batch_size"),
+    ("eval_batch_size_0", [f"{DATA}.eval_batch_size", "0"], "data.init_args.eval_batch_size"),
+    ("client_test_fraction_1", [f"{DATA}.client_test_fraction", "1.0"], "data.init_args.client_test_fraction"),
+    ("client_test_fraction_negative", [f"{DATA}.client_test_fraction", "-0.1"], "data.init_args.client_test_fraction"),
+    ("client_test_size_with_fraction", [f"{DATA}.client_test_size", "5"], "data.init_args.client_test_size"),
+    (
+        "client_test_size_larger_than_a_client",
+        [f"{DATA}.client_test_fraction", "0", f"{DATA}.client_test_size", "500"],
+        "data.init_args.client_test_size",
+    ),
+    ("val_fraction_1", [f"{DATA}.val_fraction", "1.0"], "data.init_args.val_fraction"),
+    ("num_workers_negative", [f"{DATA}.num_workers", "-1"], "data.init_args.num_workers"),
+    ("data_seed_float", [f"{DATA}.seed", "1.5"], "data.init_args.seed"),
+    ("num_samples_too_few", [f"{DATA}.num_samples", "10"], "data.init_args.num_samples"),
+    ("more_clients_than_examples", [f"{PART}.init_args.num_partitions", "500"], "num_partitions"),
+    ("unknown_data_key", [f"{DATA}.batchsize", "4"], "data.init_args.batchsize"),
+    # The partitioners
+    ("dirichlet_alpha_negative", [f"{PART}.init_args.alpha", "-1"], "data.init_args.partitioner.init_args.alpha"),
+    ("dirichlet_alpha_0", [f"{PART}.init_args.alpha", "0"], "data.init_args.partitioner.init_args.alpha"),
+    ("dirichlet_alpha_text", [f"{PART}.init_args.alpha", "x"], "data.init_args.partitioner.init_args.alpha"),
+    ("num_partitions_0", [f"{PART}.init_args.num_partitions", "0"], "partitioner.init_args.num_partitions"),
+    ("min_partition_size_negative", [f"{PART}.init_args.min_partition_size", "-1"], "min_partition_size"),
+    ("max_retries_0", [f"{PART}.init_args.max_retries", "0"], "partitioner.init_args.max_retries"),
+    ("proportions_unknown", [f"{PART}.init_args.proportions", "bogus"], "partitioner.init_args.proportions"),
+    ("iid_num_partitions_0", _partitioner("IidPartitioner", f"{PART}.init_args.num_partitions", "0"), "num_partitions"),
+    (
+        "shard_shards_per_client_0",
+        _partitioner(
+            "ShardPartitioner", f"{PART}.init_args.num_partitions", "2", f"{PART}.init_args.shards_per_client", "0"
+        ),
+        "partitioner.init_args.shards_per_client",
+    ),
+    (
+        "similarity_above_1",
+        _partitioner(
+            "SimilarityPartitioner", f"{PART}.init_args.num_partitions", "2", f"{PART}.init_args.similarity", "2"
+        ),
+        "partitioner.init_args.similarity",
+    ),
+    (
+        "target_emd_2",
+        _partitioner(
+            "TargetEmdPartitioner", f"{PART}.init_args.num_partitions", "2", f"{PART}.init_args.target_emd", "2"
+        ),
+        "partitioner.init_args.target_emd",
+    ),
+]
+
+
+@pytest.fixture
+def setup_files(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    afile = tmp_path / "a_file"
+    afile.write_text("not a directory")
+    config = tmp_path / "base.yaml"
+    config.write_text(BASE.format(logger="false"))
+    wandb_config = tmp_path / "wandb.yaml"
+    wandb_config.write_text(BASE.format(logger=WANDB.format(root=root)))
+    return root, afile, config, wandb_config
+
+
+def _run_main(args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def _check(code, out, err, expected, root):
+    assert code not in (0, None)
+    assert "Traceback" not in out + err
+    assert expected in err, err
+    assert len(err.strip().splitlines()) <= 3, err
+    assert list(root.iterdir()) == [], f"left behind: {list(root.iterdir())}"
+
+
+@pytest.mark.parametrize(("args", "expected"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_invalid_input_gives_one_line_and_leaves_nothing(args, expected, setup_files, capsys, monkeypatch):
+    root, afile, config, _ = setup_files
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
+    args = [arg.format(root=root, file=afile) for arg in args]
+    code, out, err = _run_main(["fit", "--config", str(config), "--trainer.default_root_dir", str(root), *args], capsys)
+    _check(code, out, err, expected, root)
+
+
+def test_there_are_at_least_60_cases():
+    assert len(CASES) >= 60
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ([f"{DATA}.client_test_fraction", "0", f"{DATA}.client_test_size", "500"], "data.init_args.client_test_size"),
+        (["--trainer.clients_per_round", "5"], "trainer.clients_per_round"),
+        (_cb("Scaffold"), "trainer.aggregator"),
+        ([f"{MODEL}.num_classes", "5"], "model.init_args.num_classes"),
+    ],
+    ids=["client_test_size", "clients_per_round", "scaffold_aggregator", "num_classes"],
+)
+def test_with_wandb_no_run_and_no_config_are_left_behind(args, expected, setup_files, capsys, monkeypatch):
+    root, _, _, wandb_config = setup_files
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
+    code, out, err = _run_main(
+        ["fit", "--config", str(wandb_config), "--trainer.default_root_dir", str(root), *args], capsys
+    )
+    _check(code, out, err, expected, root)
+
+
+@pytest.mark.parametrize("subcommand", ["validate", "test"])
+def test_validate_and_test_check_before_running(subcommand, setup_files, capsys):
+    root, _, config, _ = setup_files
+    args = [subcommand, "--config", str(config), "--trainer.default_root_dir", str(root), f"{MODEL}.num_classes", "5"]
+    code, out, err = _run_main(args, capsys)
+    _check(code, out, err, "model.init_args.num_classes", root)
+    assert err.startswith(f"lightning-fed {subcommand}: ")
+
+
+def test_the_message_names_value_and_allowed_range(setup_files, capsys):
+    root, _, config, _ = setup_files
+    code, _, err = _run_main(
+        ["fit", "--config", str(config), "--trainer.default_root_dir", str(root), f"{PART}.init_args.alpha", "-1"],
+        capsys,
+    )
+    assert err.splitlines()[0] == (
+        "lightning-fed fit: `data.init_args.partitioner.init_args.alpha` must be a finite number > 0.0; got -1.0."
+    )
+    assert TRACEBACK_ENV in err.splitlines()[1]
+
+
+def test_traceback_on_request(setup_files, capsys, monkeypatch):
+    root, _, config, _ = setup_files
+    monkeypatch.setenv(TRACEBACK_ENV, "1")
+    from lightning_fed.checks import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="num_rounds"):
+        main(["fit", "--config", str(config), "--trainer.default_root_dir", str(root), "--trainer.num_rounds", "0"])
+
+
+def test_a_valid_run_still_writes_its_files_and_prints_lightning_lines(setup_files, capsys):
+    root, _, config, _ = setup_files
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("lightning.pytorch")
+    logger.addHandler(handler)
+    try:
+        main(["fit", "--config", str(config), "--trainer.default_root_dir", str(root)])
+    finally:
+        logger.removeHandler(handler)
+    assert "[lightning_fed] final after 1 rounds" in capsys.readouterr().out
+    # Held back while the settings are checked, then printed through Lightning's own handlers.
+    assert any("GPU available" in record.getMessage() for record in records)
+    assert (root / "checkpoints" / "last.ckpt").exists()
+    assert list((root / "runs").glob("*/config.yaml"))
+
+
+def test_parser_messages_are_reduced_to_one_line():
+    nested = (
+        "Parser key \"data\":\n  Does not validate against any of the Union subtypes\n  Subtypes: [<class 'X'>]\n"
+        "  Errors:\n    - Problem with given class_path 'M':\n        Parser key \"partitioner\":\n"
+        "          Problem with given class_path 'P':\n            Parser key \"alpha\":\n"
+        "              Expected a <class 'float'>. Got value: x\n    - Expected a <class 'NoneType'>\n"
+    )
+    assert parser_error_line(nested) == "`data.init_args.partitioner.init_args.alpha` must be a number; got 'x'."
+    assert "`trainer.foo`" in parser_error_line("unrecognized arguments: --trainer.foo 3")
+
+
+SUBPROCESS_CASES = [
+    (["--trainer.num_rounds", "0"], "trainer.num_rounds"),
+    ([f"{PART}.init_args.alpha", "-1"], "data.init_args.partitioner.init_args.alpha"),
+    (["--trainer.num_roundz", "3"], "trainer.num_roundz"),
+    ([f"{DATA}.client_test_fraction", "0", f"{DATA}.client_test_size", "500"], "data.init_args.client_test_size"),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), SUBPROCESS_CASES, ids=[case[1] for case in SUBPROCESS_CASES])
+def test_console_shows_no_traceback(args, expected, setup_files):
+    root, _, config, _ = setup_files
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "WANDB_MODE": "offline"}
+    env.pop(TRACEBACK_ENV, None)
+    result = subprocess.run(
+        [sys.executable, "-m", "lightning_fed.cli", "fit", "--config", str(config)]
+        + ["--trainer.default_root_dir", str(root), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stdout + result.stderr
+    assert expected in result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 3, result.stderr
+    assert list(root.iterdir()) == []
