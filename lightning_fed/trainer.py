@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 
 from lightning_fed import distributed
 from lightning_fed.aggregators import Aggregator, FedAvg
+from lightning_fed.callbacks.base import FedCallback
 from lightning_fed.callbacks.progress import RoundProgressBar
 from lightning_fed.client import RoundResult
 from lightning_fed.distributed import check_world_size
@@ -23,15 +24,16 @@ from lightning_fed.round import RoundRunner
 from lightning_fed.round_evaluation import CLIENT_PREFIX, PERSONAL_PREFIX, headline
 from lightning_fed.sampling import UniformClientSampler
 from lightning_fed.setup_checks import (
+    EPOCH_ARGS,
+    check_clients_per_round,
+    check_epoch_args,
     check_fit_setup,
+    check_lightning_settings,
     check_module_setup,
     check_no_sync_batchnorm,
     check_process_group,
     check_round_settings,
 )
-
-# Trainer arguments that num_rounds replaces, with the defaults that LightningCLI passes along.
-_EPOCH_ARGS = {"max_epochs": None, "min_epochs": None, "max_steps": -1, "min_steps": None, "max_time": None}
 
 
 class FederatedTrainer(Trainer):
@@ -107,9 +109,9 @@ class FederatedTrainer(Trainer):
             keep_optimizer_state,
             seed,
         )
-        for name, default in _EPOCH_ARGS.items():
-            if kwargs.get(name, default) != default:
-                raise ValueError(f"`{name}` is not used by FederatedTrainer: set `num_rounds` (one epoch per round).")
+        check_epoch_args(kwargs)
+        check_lightning_settings(kwargs.get("check_val_every_n_epoch"))
+        for name in EPOCH_ARGS:
             kwargs.pop(name, None)
         self.num_rounds = num_rounds
         self.local_epochs = local_epochs if local_epochs is not None or local_steps is not None else 1
@@ -227,6 +229,10 @@ class FederatedTrainer(Trainer):
         """
         module = self.lightning_module
         check_module_setup(self, module)
+        check_clients_per_round(self.sampler.clients_per_round, self.datamodule.num_clients)
+        for callback in self.callbacks:
+            if isinstance(callback, FedCallback):
+                callback.check_setup(self, self.datamodule)
         self.federation_state.seed = self.resolve_seed()
         self.sampler.seed = self.federation_state.seed
         check_world_size(self.world_size, self.sampler.num_sampled(self.datamodule.num_clients))
