@@ -102,7 +102,8 @@ class VGG16(nn.Module):
         for module in self.conv.modules():
             if isinstance(module, nn.Conv2d):
                 nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
 
     def features(self, x: Tensor) -> Tensor:
         """Returns the ``[B, feature_dim]`` post-ReLU activations of the second hidden FC layer."""
