@@ -18,6 +18,7 @@ from lightning_fed.datamodules.partitioners import (
     SimilarityPartitioner,
     TargetEmdPartitioner,
 )
+from lightning_fed.datamodules.shakespeare import ShakespeareFederated
 from lightning_fed.datamodules.sharing import DataSharing
 from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset, tensor_dataloader
 from lightning_fed.datamodules.vision import (
@@ -44,6 +45,7 @@ __all__ = [
     "MNISTFederated",
     "SVHNFederated",
     "Sent140Federated",
+    "ShakespeareFederated",
     "SyntheticFederated",
     "TensorClassificationDataset",
     "synthetic_fedprox",

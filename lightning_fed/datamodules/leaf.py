@@ -31,18 +31,23 @@ _UserData = dict[str, tuple[np.ndarray, np.ndarray]]
 _ConvertX = Callable[[list[Any]], np.ndarray]
 
 
-def read_leaf_split(directory: Path, convert_x: _ConvertX) -> _UserData:
+def _int_labels(ys: list[Any]) -> np.ndarray:
+    return np.asarray(ys, dtype=np.int64).reshape(-1)
+
+
+def read_leaf_split(directory: Path, convert_x: _ConvertX, convert_y: _ConvertX = _int_labels) -> _UserData:
     """Reads every ``*.json`` file of a LEAF split into ``{user: (inputs, int64 labels)}``.
 
     ``convert_x`` turns one user's raw ``x`` list into an array as each file is read, so that the parsed JSON of only
-    one file is alive at a time (FEMNIST's pixels as Python floats would take about 20 GB).
+    one file is alive at a time (FEMNIST's pixels as Python floats would take about 20 GB). ``convert_y`` does the
+    same for the labels (default: integers as they are; Shakespeare's are characters).
     """
     chunks: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
     for path in sorted(Path(directory).glob("*.json")):
         with open(path, encoding="utf-8") as file:
             content = json.load(file)
         for user, data in content["user_data"].items():
-            inputs, labels = convert_x(data["x"]), np.asarray(data["y"], dtype=np.int64).reshape(-1)
+            inputs, labels = convert_x(data["x"]), convert_y(data["y"])
             if len(inputs) != len(labels):
                 raise ValueError(f"LEAF user {user!r} in {path} has {len(inputs)} inputs but {len(labels)} labels.")
             xs, ys = chunks.setdefault(str(user), ([], []))
@@ -54,12 +59,14 @@ def read_leaf_split(directory: Path, convert_x: _ConvertX) -> _UserData:
 class _LeafFederated(FederatedDataModule):
     """Reads a LEAF dataset, one client per user.
 
-    The training JSON is read in ``__init__`` (its users define ``num_clients``) and kept until ``setup``. A client's
-    test split is its user's LEAF test data when the test split holds data of the training users (LEAF's default
-    ``-t sample`` split; ``client_test_fraction`` is then unused), and the global test set is all LEAF test data of
-    the selected users. Without a test directory, or with LEAF's ``-t user`` split (disjoint test users), client test
-    splits are held out as in :class:`FederatedDataModule` and the global test set is the LEAF test data if any,
-    else the union of the client test splits.
+    The training JSON is read in ``__init__`` (its users define ``num_clients``) and kept until ``setup``; when
+    ``num_clients`` is given and ``leaf_dir`` holds no data yet, reading (and the error that says how to generate the
+    data) waits for ``setup``, so that a preset can be parsed without the data. A client's test split is its user's
+    LEAF test data when the test split holds data of the training users (LEAF's default ``-t sample`` split;
+    ``client_test_fraction`` is then unused), and the global test set is all LEAF test data of the selected users.
+    Without a test directory, or with LEAF's ``-t user`` split (disjoint test users), client test splits are held
+    out as in :class:`FederatedDataModule` and the global test set is the LEAF test data if any, else the union of
+    the client test splits.
     """
 
     _leaf_name: str
@@ -68,7 +75,21 @@ class _LeafFederated(FederatedDataModule):
         check_instance("leaf_dir", leaf_dir, (str, Path), "a directory path")
         check_int("num_clients", num_clients, minimum=1, allow_none=True)
         self.leaf_dir = str(leaf_dir)
-        train_dir = Path(leaf_dir) / "train"
+        self._users: list[str] = []
+        self._train_json: _UserData | None = None
+        self._train_users: Tensor | None = None
+        self._test_users: Tensor | None = None
+        if num_clients is None or any((Path(leaf_dir) / "train").glob("*.json")):
+            # used here, before FederatedDataModule checks it
+            self._read_train(num_clients, check_int("seed", kwargs.get("seed", 0)))
+            num_clients = len(self._users)
+        # Otherwise the count is known without the data, which is read (or reported missing) at `setup`: a preset
+        # that names LEAF data can then be parsed and checked on a machine that does not hold it.
+        super().__init__(NaturalIdPartitioner(num_clients), **kwargs)
+
+    def _read_train(self, num_clients: int | None, seed: int) -> None:
+        """Reads the training JSON and keeps ``num_clients`` users drawn with ``seed`` (all when ``None``)."""
+        train_dir = Path(self.leaf_dir) / "train"
         if not any(train_dir.glob("*.json")):
             raise FileNotFoundError(
                 f"`leaf_dir` must hold LEAF's train/*.json (and test/*.json), but {train_dir} has none. Generate "
@@ -76,7 +97,7 @@ class _LeafFederated(FederatedDataModule):
                 f"-s niid --sf 1.0 -k 0 -t sample` (see its README for the options), then pass "
                 f"leaf_dir=<LEAF>/data/{self._leaf_name}/data."
             )
-        train = read_leaf_split(train_dir, self._convert_x)
+        train = read_leaf_split(train_dir, self._convert_x, self._convert_y)
         users = sorted(train)
         if num_clients is not None:
             if num_clients > len(users):
@@ -84,14 +105,14 @@ class _LeafFederated(FederatedDataModule):
                     "num_clients", num_clients, f"at most the {len(users)} users in {train_dir}, or None for all"
                 )
             # A seeded draw of users, kept in name order so that client k is the k-th selected user by name.
-            seed = check_int("seed", kwargs.get("seed", 0))  # used here, before FederatedDataModule checks it
             chosen = torch.randperm(len(users), generator=torch.Generator().manual_seed(seed))
             users = sorted(users[i] for i in chosen[:num_clients].tolist())
         self._users = users
-        self._train_json: _UserData | None = {user: train[user] for user in users}
-        self._train_users: Tensor | None = None
-        self._test_users: Tensor | None = None
-        super().__init__(NaturalIdPartitioner(len(users)), **kwargs)
+        self._train_json = {user: train[user] for user in users}
+
+    def _convert_y(self, ys: list[Any]) -> np.ndarray:
+        """Turns one user's raw LEAF ``y`` list into int64 labels."""
+        return _int_labels(ys)
 
     @abstractmethod
     def _convert_x(self, xs: list[Any]) -> np.ndarray:
@@ -103,8 +124,12 @@ class _LeafFederated(FederatedDataModule):
 
     @override
     def _load_datasets(self) -> tuple[Dataset, Dataset | None]:
-        train_json = self._train_json or read_leaf_split(Path(self.leaf_dir) / "train", self._convert_x)
-        test_json = read_leaf_split(Path(self.leaf_dir) / "test", self._convert_x)
+        if not self._users:
+            self._read_train(self.num_clients, self.seed)
+        train_json = self._train_json or read_leaf_split(
+            Path(self.leaf_dir) / "train", self._convert_x, self._convert_y
+        )
+        test_json = read_leaf_split(Path(self.leaf_dir) / "test", self._convert_x, self._convert_y)
         # LEAF's sample split gives the training users test data; its user split gives other users.
         per_user = any(user in test_json for user in self._users)
         test_users = [user for user in self._users if user in test_json] if per_user else sorted(test_json)
