@@ -8,7 +8,6 @@ from typing import Any, Final
 from lightning.fabric.utilities.apply_func import apply_to_collection
 from torch import Tensor
 
-
 # Marks, in a transaction's undo log, an entry that did not exist before the transaction touched it.
 _ABSENT: Final = object()
 

@@ -43,7 +43,9 @@ def fed_participants(trainer: FederatedTrainer) -> list[Any]:
 def _finite_tree(value: Any) -> bool:
     """Whether every floating-point tensor in a nested structure (an optimizer's state) is finite."""
     flags: list[Tensor] = []
-    apply_to_collection(value, Tensor, lambda t: flags.append(torch.isfinite(t).all()) if t.is_floating_point() else None)
+    apply_to_collection(
+        value, Tensor, lambda t: flags.append(torch.isfinite(t).all()) if t.is_floating_point() else None
+    )
     return bool(torch.stack(flags).all()) if flags else True
 
 
@@ -102,6 +104,8 @@ class RoundRunner:
         self._steps_taken = 0
         # A probe costs a pass over the client's data: only aggregators that define one get a loader.
         self._aggregator_probes = is_overridden("probe_client", trainer.aggregator, Aggregator)
+        if distributed.is_distributed():
+            distributed.destroy_process_group_at_exit()
 
     @property
     def state(self) -> FederationState:

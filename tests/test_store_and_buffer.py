@@ -1,5 +1,6 @@
 import io
 
+import pytest
 import torch
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -88,9 +89,5 @@ def test_store_commit_keeps_writes_and_reports_them_as_changes():
     assert store.clients("fedamp") == [3]
     assert list(store.take_changes()["put"]["fedamp"]) == [3]
     store.begin()
-    try:
+    with pytest.raises(RuntimeError, match="already open"):
         store.begin()
-    except RuntimeError as error:
-        assert "already open" in str(error)
-    else:
-        raise AssertionError("a nested transaction must be refused")

@@ -1,7 +1,7 @@
 """A small federated run on 1 process or on N CPU processes (``strategy="ddp"``, gloo); used by the distributed tests.
 
-Usage: python distributed_run.py ROOT OUT --devices N --algorithm NAME [--rounds R] [--kill-round R --kill-client-index I]
-[--resume]
+Usage: python distributed_run.py ROOT OUT --devices N --algorithm NAME [--rounds N] [--resume]
+[--kill-round R --kill-client-index I]
 
 Every rank writes ``OUT.rank<r>`` with its final weights, client store, callback and aggregator states, the round
 history, each client's locally trained model per round (only for the clients it trained), and ``global_step``.
