@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 from lightning.fabric.utilities.apply_func import apply_to_collection
 from torch import Tensor
+
+# Marks, in a transaction's undo log, an entry that did not exist before the transaction touched it.
+_ABSENT: Final = object()
 
 
 def _to_cpu(value: Any) -> Any:
@@ -34,9 +37,14 @@ class ClientStateStore:
         self._data: dict[str, dict[int, Any]] = {}
         # Entries written or removed since the last `take_changes`: what other ranks have not seen yet.
         self._changed: set[tuple[str, int]] = set()
+        # While a transaction is open: each touched entry's value before it (or _ABSENT), and `_changed` as it was.
+        self._undo: dict[tuple[str, int], Any] | None = None
+        self._changed_before: set[tuple[str, int]] = set()
+        self._namespaces_before: set[str] = set()
 
     def put(self, namespace: str, client_id: int, value: Any) -> None:
         """Stores ``value`` (copied to the CPU) for ``client_id`` under ``namespace``, replacing what was there."""
+        self._remember(namespace, int(client_id))
         self._data.setdefault(namespace, {})[int(client_id)] = _to_cpu(value)
         self._changed.add((namespace, int(client_id)))
 
@@ -48,8 +56,57 @@ class ClientStateStore:
         return int(client_id) in self._data.get(namespace, {})
 
     def pop(self, namespace: str, client_id: int, default: Any = None) -> Any:
+        self._remember(namespace, int(client_id))
         self._changed.add((namespace, int(client_id)))
         return self._data.get(namespace, {}).pop(int(client_id), default)
+
+    def begin(self) -> None:
+        """Opens a transaction: what is written or removed from now on can be undone with :meth:`rollback`.
+
+        The round runner opens one before each client's hooks and training and decides after the finiteness check:
+        :meth:`commit` for an accepted update, :meth:`rollback` for a rejected one, so that no state derived from a
+        diverged update (a hook's write in ``on_client_start``, say) outlives it. Reads see the transaction's own
+        writes. In-place edits of a stored tensor are not recorded: store a new value instead.
+
+        Raises:
+            RuntimeError: If a transaction is already open.
+        """
+        if self._undo is not None:
+            raise RuntimeError("A ClientStateStore transaction is already open: commit or roll it back first.")
+        self._undo = {}
+        self._changed_before = set(self._changed)
+        self._namespaces_before = set(self._data)
+
+    def commit(self) -> None:
+        """Keeps everything written since :meth:`begin` and closes the transaction (no-op when none is open)."""
+        self._undo = None
+        self._changed_before = set()
+
+    def rollback(self) -> None:
+        """Restores every entry written or removed since :meth:`begin` and closes the transaction (no-op when none
+        is open)."""
+        if self._undo is None:
+            return
+        for (namespace, client_id), previous in self._undo.items():
+            entries = self._data.setdefault(namespace, {})
+            if previous is _ABSENT:
+                entries.pop(client_id, None)
+            else:
+                entries[client_id] = previous
+        for namespace in set(self._data) - self._namespaces_before:
+            if not self._data[namespace]:
+                del self._data[namespace]
+        self._changed = self._changed_before
+        self.commit()
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a transaction is open."""
+        return self._undo is not None
+
+    def _remember(self, namespace: str, client_id: int) -> None:
+        if self._undo is not None and (namespace, client_id) not in self._undo:
+            self._undo[(namespace, client_id)] = self._data.get(namespace, {}).get(client_id, _ABSENT)
 
     def take_changes(self) -> dict[str, Any]:
         """The entries written (``"put"``) and removed (``"pop"``) since the last call, and forgets them.
@@ -86,7 +143,10 @@ class ClientStateStore:
         return sorted(self._data)
 
     def clear(self, namespace: str | None = None) -> None:
-        """Drops every entry (of ``namespace``). Not sent to other ranks: call it where every rank does."""
+        """Drops every entry (of ``namespace``). Not sent to other ranks: call it where every rank does.
+
+        Not undone by :meth:`rollback`: call it outside a client's training.
+        """
         if namespace is None:
             self._data.clear()
         else:

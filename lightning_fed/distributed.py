@@ -17,6 +17,7 @@ clients and how it combines (:class:`lightning_fed.reduction.CrossProcessState`)
 
 from __future__ import annotations
 
+import atexit
 import heapq
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -120,6 +121,30 @@ def check_world_size(num_ranks: int, clients_per_round: int) -> None:
         )
 
 
+_exit_hook_registered = False
+
+
+def destroy_process_group_at_exit() -> None:
+    """Destroys the default process group when the interpreter exits, before it finalises (registered once).
+
+    Lightning destroys it at exit for NCCL only. A gloo group left alive can abort a finished run: a gloo worker
+    thread that drops its last collective's tensors after the interpreter started finalising must take the GIL to
+    release their Python objects, Python ends that thread with ``pthread_exit``, and the unwinding through a C++
+    destructor calls ``std::terminate`` ("terminate called without an active exception", SIGABRT, exit code 134).
+    ``atexit`` runs while the interpreter is still whole: destroying the group there joins gloo's worker threads
+    with their work released. Without a process group at exit the handler does nothing.
+    """
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(_destroy_default_group)
+        _exit_hook_registered = True
+
+
+def _destroy_default_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _not_distributed() -> bool:
     return False
 
@@ -153,6 +178,7 @@ __all__ = [
     "all_gather_object",
     "all_reduce_sum_",
     "check_world_size",
+    "destroy_process_group_at_exit",
     "is_distributed",
     "latest",
     "rank",

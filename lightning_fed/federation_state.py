@@ -32,6 +32,11 @@ class FederationState:
     history: list[dict[str, float]] = field(default_factory=list)
     store: ClientStateStore = field(default_factory=ClientStateStore)
 
+    @property
+    def updates_total(self) -> int:
+        """Client updates trained so far, accepted or rejected (the sampled clients of every completed round)."""
+        return sum(int(entry.get("clients/sampled", 0)) for entry in self.history)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "seed": self.seed,

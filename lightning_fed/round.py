@@ -9,8 +9,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+import torch
+from lightning.fabric.utilities.apply_func import apply_to_collection
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_fed import distributed
@@ -36,8 +40,44 @@ def fed_participants(trainer: FederatedTrainer) -> list[Any]:
     return list(trainer.callbacks)
 
 
+def _finite_tree(value: Any) -> bool:
+    """Whether every floating-point tensor in a nested structure (an optimizer's state) is finite."""
+    flags: list[Tensor] = []
+    apply_to_collection(
+        value, Tensor, lambda t: flags.append(torch.isfinite(t).all()) if t.is_floating_point() else None
+    )
+    return bool(torch.stack(flags).all()) if flags else True
+
+
 class ClientDivergedError(FloatingPointError):
     """Raised when a client's update is not finite and ``on_client_divergence="raise"``."""
+
+
+# Above this share of rejected client updates, a finished run warns that its results rest on the clients left.
+REJECTED_WARNING_FRACTION = 0.1
+
+
+def rejection_warning(state: FederationState) -> str | None:
+    """The end-of-run warning when more than 10 % of the client updates were rejected as non-finite, else ``None``.
+
+    With ``on_client_divergence="skip"`` each rejection is printed when it happens; a run where many were rejected
+    still finishes and reports metrics, so its end says how much of the federation those metrics rest on.
+    """
+    total, rejected = state.updates_total, state.rejected_total
+    if total == 0 or rejected <= REJECTED_WARNING_FRACTION * total:
+        return None
+    return (
+        f"{rejected} of {total} client updates ({rejected / total:.0%}) were rejected as non-finite (NaN or Inf) and"
+        " left out of the aggregate, so this run's results rest on the clients that remained. Lower the learning"
+        " rate or clip gradients (`gradient_clip_val`); set `on_client_divergence='raise'` to stop at the first one."
+    )
+
+
+def warn_if_many_rejected(trainer: FederatedTrainer) -> None:
+    """Emits :func:`rejection_warning` on rank 0 when it applies; called when a fit ends."""
+    message = rejection_warning(trainer.federation_state)
+    if message is not None:
+        rank_zero_warn(message, category=UserWarning)
 
 
 class RoundRunner:
@@ -64,6 +104,8 @@ class RoundRunner:
         self._steps_taken = 0
         # A probe costs a pass over the client's data: only aggregators that define one get a loader.
         self._aggregator_probes = is_overridden("probe_client", trainer.aggregator, Aggregator)
+        if distributed.is_distributed():
+            distributed.destroy_process_group_at_exit()
 
     @property
     def state(self) -> FederationState:
@@ -126,6 +168,33 @@ class RoundRunner:
         return RoundResult(round_ctx, metrics, client_results, client_prefix)
 
     def _train_client(self, round_ctx: RoundContext, client_id: int) -> ClientUpdate | None:
+        store = round_ctx.store
+        # Whatever the client's hooks write to the store before its update is known to be finite is undone if it
+        # is not: a diverged update leaves no state behind that would poison the client's next participation.
+        store.begin()
+        try:
+            ctx, update, optimizer_state = self._local_update(round_ctx, client_id)
+        except BaseException:
+            store.rollback()
+            raise
+        round_ctx.bytes_down += state_nbytes(ctx.initial_params)
+        round_ctx.bytes_up += state_nbytes(update.params)
+        if not (all_finite(update.params) and _finite_tree(optimizer_state)):
+            store.rollback()
+            self._reject(round_ctx, client_id)
+            return None
+        store.commit()
+        if optimizer_state is not None:
+            store.put("optimizer", client_id, optimizer_state)
+        self.dispatch("on_client_end", ctx, update)
+        self.trainer.aggregator.update(update)
+        return update
+
+    def _local_update(
+        self, round_ctx: RoundContext, client_id: int
+    ) -> tuple[ClientContext, ClientUpdate, dict[Any, Any] | None]:
+        """Runs a client's start hooks and local training; returns its context, update and optimizer state to keep
+        (``None`` unless ``keep_optimizer_state``), none of it checked yet."""
         trainer, seed = self.trainer, self.state.seed
         ctx = ClientContext(
             client_id=client_id,
@@ -148,16 +217,8 @@ class RoundRunner:
         metrics = self.local.fit_client(ctx, loader, optimizer, trainer.local_epochs, trainer.local_steps)
         self._steps_taken += ctx.num_steps
         update = ClientUpdate(client_id, ctx.num_samples, ctx.num_steps, clone_state(self.live), metrics, probe)
-        round_ctx.bytes_down += state_nbytes(ctx.initial_params)
-        round_ctx.bytes_up += state_nbytes(update.params)
-        if trainer.keep_optimizer_state:
-            self.state.store.put("optimizer", client_id, optimizer.state_dict()["state"])
-        if not all_finite(update.params):
-            self._reject(round_ctx, client_id)
-            return None
-        self.dispatch("on_client_end", ctx, update)
-        trainer.aggregator.update(update)
-        return update
+        optimizer_state = optimizer.state_dict()["state"] if trainer.keep_optimizer_state else None
+        return ctx, update, optimizer_state
 
     def _probe_client(self, ctx: ClientContext, data_seed: int) -> dict[str, Any]:
         """The aggregator's client-side measurement (q-FedAvg's loss at the global model), for ``update.extras``."""
@@ -183,6 +244,9 @@ class RoundRunner:
         optimizer.state.clear()
         stored = self.state.store.get("optimizer", client_id) if self.trainer.keep_optimizer_state else None
         if stored is not None:
+            # load_state_dict keeps CPU tensors as they are: without a copy the optimizer would step the stored
+            # momentum in place, and a diverging step would poison the kept state even if the update is rejected.
+            stored = apply_to_collection(stored, Tensor, torch.clone)
             optimizer.load_state_dict({"state": stored, "param_groups": optimizer.state_dict()["param_groups"]})
         return optimizer
 

@@ -75,6 +75,71 @@ def test_diverging_client_stops_the_run_when_asked(tmp_path):
         trainer.fit(BoringClassifier(), datamodule=dm)
 
 
+class _PoisonOnce(FedCallback):
+    """Makes one client's loss NaN in one round only, as a batch of bad data would."""
+
+    def __init__(self, client_id: int, round_idx: int) -> None:
+        self.client_id, self.round_idx = client_id, round_idx
+
+    def on_client_start(self, trainer, pl_module, client_ctx):
+        pl_module.poison = (client_ctx.client_id, client_ctx.round_idx) == (self.client_id, self.round_idx)
+
+
+class _WritesBeforeTraining(FedCallback):
+    """Writes the store in the hooks that run before the finiteness check, as a stateful algorithm might."""
+
+    def on_client_start(self, trainer, pl_module, client_ctx):
+        client_ctx.store.put("early", client_ctx.client_id, {"round": torch.tensor(client_ctx.round_idx)})
+
+    def on_client_train_start(self, trainer, pl_module, client_ctx, dataloader):
+        client_ctx.store.pop("seen", client_ctx.client_id)
+
+
+def test_a_client_that_diverges_once_with_kept_momentum_is_accepted_again(tmp_path):
+    dm = make_datamodule(num_clients=3)
+    trainer = fast_trainer(
+        tmp_path,
+        num_rounds=3,
+        clients_per_round=3,
+        keep_optimizer_state=True,
+        callbacks=[_PoisonOnce(client_id=1, round_idx=1)],
+    )
+    module = BoringClassifier(momentum=0.9)
+    trainer.fit(module, datamodule=dm)
+    history = trainer.federation_state.history
+    # The NaN momentum of round 1 was never kept: client 1 resumes from its round-0 momentum and is accepted.
+    assert [entry["clients/rejected"] for entry in history] == [0.0, 1.0, 0.0]
+    kept = trainer.federation_state.store.get("optimizer", 1)
+    assert kept and all(torch.isfinite(entry["momentum_buffer"]).all() for entry in kept.values())
+    assert all(torch.isfinite(t).all() for t in global_weights(module).values())
+
+
+def test_store_writes_made_before_a_rejected_update_are_undone(tmp_path):
+    dm = make_datamodule(num_clients=3)
+    trainer = fast_trainer(
+        tmp_path, num_rounds=2, clients_per_round=3, callbacks=[_PoisonOnce(2, 1), _WritesBeforeTraining()]
+    )
+    trainer.federation_state.store.put("seen", 2, 7)
+    trainer.fit(BoringClassifier(), datamodule=dm)
+    store = trainer.federation_state.store
+    # Clients 0 and 1 were accepted in both rounds; client 2's round-1 writes were rolled back to round 0's.
+    assert {cid: int(store.get("early", cid)["round"]) for cid in range(3)} == {0: 1, 1: 1, 2: 0}
+    assert store.clients("seen") == []
+
+
+def test_a_run_with_many_rejected_updates_warns_at_its_end(tmp_path):
+    from lightning_fed.round import rejection_warning, warn_if_many_rejected
+
+    dm = make_datamodule(num_clients=3)
+    trainer = fast_trainer(tmp_path, num_rounds=3, clients_per_round=3, callbacks=[_PoisonOnce(0, 2)])
+    trainer.fit(BoringClassifier(), datamodule=dm)
+    with pytest.warns(UserWarning, match=r"1 of 9 client updates \(11%\) were rejected.*on_client_divergence="):
+        warn_if_many_rejected(trainer)
+    state = trainer.federation_state
+    state.history.append({"clients/sampled": 1.0})  # 1 of 10: not more than 10 %
+    assert rejection_warning(state) is None
+
+
 def test_local_steps_counts_optimizer_steps_and_global_step(tmp_path):
     steps = []
 

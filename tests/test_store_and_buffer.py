@@ -1,5 +1,6 @@
 import io
 
+import pytest
 import torch
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -59,3 +60,34 @@ def test_buffered_logging_nests_and_restores_lightning_log():
         module.log("y", 2.0)
     assert inner.compute() == {"x": 1.0} and outer.compute() == {"y": 2.0}
     assert "log" not in module.__dict__ and module.log.__func__ is LightningModule.log
+
+
+def test_store_rollback_undoes_writes_and_removals_since_begin():
+    store = ClientStateStore()
+    store.put("scaffold", 1, {"c": torch.ones(2)})
+    store.put("scaffold", 2, {"c": torch.zeros(2)})
+    store.take_changes()
+    store.begin()
+    store.put("scaffold", 1, {"c": torch.full((2,), float("nan"))})
+    store.pop("scaffold", 2)
+    store.put("apfl", 1, {"v": torch.ones(1)})
+    assert store.get("scaffold", 2) is None and store.has("apfl", 1)  # reads see the transaction's writes
+    store.rollback()
+    assert torch.equal(store.get("scaffold", 1)["c"], torch.ones(2))
+    assert torch.equal(store.get("scaffold", 2)["c"], torch.zeros(2))
+    assert store.namespaces() == ["scaffold"] and not store.in_transaction
+    # Nothing is left for the other ranks to apply either.
+    assert store.take_changes() == {"put": {}, "pop": []}
+
+
+def test_store_commit_keeps_writes_and_reports_them_as_changes():
+    store = ClientStateStore()
+    store.begin()
+    store.put("fedamp", 3, {"params": torch.ones(1)})
+    store.commit()
+    store.rollback()  # no transaction open: nothing to undo
+    assert store.clients("fedamp") == [3]
+    assert list(store.take_changes()["put"]["fedamp"]) == [3]
+    store.begin()
+    with pytest.raises(RuntimeError, match="already open"):
+        store.begin()

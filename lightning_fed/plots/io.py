@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from lightning_fed.atomic import atomic_write
 from lightning_fed.checks import InvalidArgumentError, check_int
 
 
@@ -29,6 +28,7 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 120) -> Path:
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
+        DiskFullError: If the disk is full; a previous file at ``path`` is left intact.
         ValueError: If ``path`` has no suffix or one matplotlib cannot write, or ``dpi`` is not positive.
     """
     path = Path(path)
@@ -38,15 +38,4 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 120) -> Path:
     if fmt not in supported:
         raise InvalidArgumentError("path", str(path), f"a file name ending in one of {sorted(supported)}")
     check_int("dpi", dpi, minimum=1)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            fig.savefig(stream, format=fmt, dpi=dpi)
-        # mkstemp creates the file private (0600); give the result the permissions an ordinary write would.
-        os.chmod(tmp_name, path.stat().st_mode & 0o777 if path.exists() else 0o644)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, lambda stream: fig.savefig(stream, format=fmt, dpi=dpi))

@@ -1,6 +1,7 @@
 """A small federated run on 1 process or on N CPU processes (``strategy="ddp"``, gloo); used by the distributed tests.
 
-Usage: python distributed_run.py ROOT OUT --devices N --algorithm NAME [--kill-round R --kill-client-index I] [--resume]
+Usage: python distributed_run.py ROOT OUT --devices N --algorithm NAME [--rounds N] [--resume]
+[--kill-round R --kill-client-index I]
 
 Every rank writes ``OUT.rank<r>`` with its final weights, client store, callback and aggregator states, the round
 history, each client's locally trained model per round (only for the clients it trained), and ``global_step``.
@@ -159,7 +160,12 @@ def algorithm(name: str) -> tuple[Any, list[FedCallback], float, bool]:
 
 
 def fit(
-    root: str, devices: int, name: str, kill: tuple[int, int] | None = None, resume: bool = False
+    root: str,
+    devices: int,
+    name: str,
+    kill: tuple[int, int] | None = None,
+    resume: bool = False,
+    num_rounds: int = NUM_ROUNDS,
 ) -> tuple[FederatedTrainer, ClientModels]:
     torch.set_num_threads(1)
     L.seed_everything(0)
@@ -169,7 +175,7 @@ def fit(
     models = ClientModels()
     extra = [Killer(*kill)] if kill is not None else []
     trainer = FederatedTrainer(
-        num_rounds=NUM_ROUNDS,
+        num_rounds=num_rounds,
         clients_per_round=4,
         local_epochs=1,
         aggregator=aggregator,
@@ -216,9 +222,10 @@ def main() -> None:
     parser.add_argument("--kill-round", type=int, default=-1)
     parser.add_argument("--kill-client-index", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--rounds", type=int, default=NUM_ROUNDS)
     args = parser.parse_args()
     kill = (args.kill_round, args.kill_client_index) if args.kill_round >= 0 else None
-    trainer, models = fit(args.root, args.devices, args.algorithm, kill, args.resume)
+    trainer, models = fit(args.root, args.devices, args.algorithm, kill, args.resume, args.rounds)
     torch.save(result(trainer, models), f"{args.out}.rank{trainer.global_rank}")
 
 
