@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 
@@ -14,13 +15,14 @@ from lightning_fed import distributed
 from lightning_fed.aggregators import Aggregator, FedAvg
 from lightning_fed.callbacks.base import FedCallback
 from lightning_fed.callbacks.progress import RoundProgressBar
+from lightning_fed.checkpoint_io import AtomicCheckpointIO
 from lightning_fed.client import RoundResult
 from lightning_fed.distributed import check_world_size
 from lightning_fed.evaluation import best_mean_accuracy
 from lightning_fed.federation_state import FederationState
 from lightning_fed.loop import install_round_loop
 from lightning_fed.reporting import RunReporter
-from lightning_fed.round import RoundRunner
+from lightning_fed.round import RoundRunner, warn_if_many_rejected
 from lightning_fed.round_evaluation import CLIENT_PREFIX, PERSONAL_PREFIX, headline
 from lightning_fed.sampling import UniformClientSampler
 from lightning_fed.setup_checks import (
@@ -134,6 +136,7 @@ class FederatedTrainer(Trainer):
         self.summary_path: Path | None = None
         self._resolved_run_dir: Path | None = None
         kwargs["callbacks"] = self._default_callbacks(kwargs)
+        kwargs["plugins"] = _with_atomic_checkpoints(kwargs.get("plugins"))
         super().__init__(max_epochs=num_rounds, **kwargs)
         if isinstance(clients_per_round, int):
             check_world_size(self.world_size, clients_per_round)
@@ -186,16 +189,21 @@ class FederatedTrainer(Trainer):
         )
         if self._reporter is not None and self.is_global_zero:
             self._print_final()
+        warn_if_many_rejected(self)
 
     def validate(self, *args: Any, weights_only: bool | None = None, **kwargs: Any) -> Any:
         """Lightning's validation of the global model; checkpoints load with ``weights_only=True`` by default."""
         weights_only = True if weights_only is None else weights_only
-        return super().validate(*args, weights_only=weights_only, **kwargs)  # type: ignore[misc]
+        result = super().validate(*args, weights_only=weights_only, **kwargs)  # type: ignore[misc]
+        distributed.destroy_process_group_at_exit()
+        return result
 
     def test(self, *args: Any, weights_only: bool | None = None, **kwargs: Any) -> Any:
         """Lightning's test of the global model; checkpoints load with ``weights_only=True`` by default."""
         weights_only = True if weights_only is None else weights_only
-        return super().test(*args, weights_only=weights_only, **kwargs)  # type: ignore[misc]
+        result = super().test(*args, weights_only=weights_only, **kwargs)  # type: ignore[misc]
+        distributed.destroy_process_group_at_exit()
+        return result
 
     @property
     def fed_runner(self) -> RoundRunner | None:
@@ -287,3 +295,13 @@ class FederatedTrainer(Trainer):
         self.aggregator.load_state_dict(state_dict["aggregator"])
         self.sampler.load_state_dict(state_dict["sampler"])
         self._restored = True
+
+
+def _with_atomic_checkpoints(plugins: Any) -> list[Any]:
+    """The user's plugins, plus :class:`AtomicCheckpointIO` unless they bring a ``CheckpointIO`` of their own: a
+    checkpoint is written beside its final name and moved into place, so a crash or a full disk never leaves a
+    partial one where ``--ckpt_path last`` would find it."""
+    plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+        plugins.append(AtomicCheckpointIO())
+    return plugins
