@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import netrc
 import os
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -51,6 +52,21 @@ class WandbLogger(_LightningWandbLogger):
 def wandb_loggers(loggers: list[Any]) -> list[_LightningWandbLogger]:
     """The W&B loggers among ``loggers``."""
     return [logger for logger in loggers if isinstance(logger, _LightningWandbLogger)]
+
+
+def place_wandb_run(logger: _LightningWandbLogger, run_dir: Path, run_id: str | None) -> None:
+    """Puts ``logger``'s W&B directory under ``run_dir`` and, when it has no id, gives it ``run_id``.
+
+    W&B keeps its files in ``<dir>/wandb``; without this they would go to the logger's ``save_dir`` (the working
+    directory by default), shared by every run, whatever ``default_root_dir`` says. With the run's id, W&B's run and
+    the run directory have one name, and a resumed run continues its W&B run (Lightning asks W&B to resume when
+    allowed). A logger whose W&B run has started already keeps its place.
+    """
+    if logger._experiment is not None:
+        return
+    logger._wandb_init["dir"] = logger._save_dir = str(run_dir)
+    if logger._id is None and run_id is not None:
+        logger._wandb_init["id"] = logger._id = run_id
 
 
 def define_round_axis(logger: _LightningWandbLogger, names: list[str]) -> None:
