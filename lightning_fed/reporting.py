@@ -185,6 +185,9 @@ class RunReporter:
             # "personal/" when those are the clients' personalised models, "client/" when the global model.
             "final_client_metrics_kind": prefix,
             "run_dir": str(self.run_dir),
+            "run_id": self.run_dir.name,
+            # What defines the experiment (model and data arguments, algorithm, seed, ...), for comparing runs.
+            "fingerprint": self.trainer.fed_fingerprint,
         }
         path = self.run_dir / "summary.json"
         _write_json_atomic(path, payload)

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_fed.loggers.wandb import place_wandb_run, wandb_loggers
+from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
+
+from lightning_fed.loggers.wandb import place_wandb_run, wandb_loggers, wandb_run_id
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -34,10 +36,12 @@ def new_run_id() -> str:
 
 
 def logger_run_id(trainer: FederatedTrainer) -> str | None:
-    """The first logger's id (``str`` versions, e.g. W&B's) or ``version_<n>``; ``None`` when it has none yet."""
+    """The first logger's id (``str`` versions, e.g. W&B's, or a sweep agent's) or ``version_<n>``; ``None`` when it
+    has none yet."""
     if not trainer.loggers:
         return None
-    version = trainer.loggers[0].version
+    logger = trainer.loggers[0]
+    version = wandb_run_id(logger) if isinstance(logger, _LightningWandbLogger) else logger.version
     if version is None:
         return None
     return version if isinstance(version, str) else f"version_{version}"

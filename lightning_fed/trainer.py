@@ -285,6 +285,11 @@ class FederatedTrainer(Trainer):
         return self._reporter.run_dir if self._reporter is not None else None
 
     @property
+    def fed_fingerprint(self) -> Fingerprint | None:
+        """What defines the latest fit's experiment, as checkpoints carry it (:mod:`lightning_fed.fingerprint`)."""
+        return self._fingerprint
+
+    @property
     def fed_run_id(self) -> str | None:
         """This fit's run id, the name of its run directory; ``None`` before the first round."""
         return self.fed_run_dir.name if self.fed_run_dir is not None else None

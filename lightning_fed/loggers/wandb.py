@@ -34,7 +34,9 @@ class WandbLogger(_LightningWandbLogger):
     """Lightning's ``WandbLogger`` that falls back to an offline run when the user has no W&B credentials.
 
     Offline runs keep everything in the local run directory; ``wandb sync <dir>`` uploads them later. Pass
-    ``offline=True/False`` to decide explicitly.
+    ``offline=True/False`` to decide explicitly. Under :class:`~lightning_fed.FederatedTrainer` the W&B directory
+    is the fit's run directory (``<run dir>/wandb``) whatever ``save_dir`` says, and a run given no ``id`` takes the
+    run's id, so the W&B run and the run directory share one name.
 
     Args:
         offline: ``None`` (default) logs online when credentials are found, offline otherwise.
@@ -65,8 +67,14 @@ def place_wandb_run(logger: _LightningWandbLogger, run_dir: Path, run_id: str | 
     if logger._experiment is not None:
         return
     logger._wandb_init["dir"] = logger._save_dir = str(run_dir)
-    if logger._id is None and run_id is not None:
+    # A sweep agent names the run in WANDB_RUN_ID, and W&B ignores (with a warning) any other id in a sweep.
+    if logger._id is None and run_id is not None and not os.environ.get("WANDB_RUN_ID"):
         logger._wandb_init["id"] = logger._id = run_id
+
+
+def wandb_run_id(logger: _LightningWandbLogger) -> str | None:
+    """The id ``logger``'s W&B run has or will have: its own, else the one a sweep agent set, else ``None``."""
+    return logger.version or os.environ.get("WANDB_RUN_ID") or None
 
 
 def define_round_axis(logger: _LightningWandbLogger, names: list[str]) -> None:
