@@ -67,8 +67,8 @@ def place_wandb_run(logger: _LightningWandbLogger, run_dir: Path, run_id: str | 
     if logger._experiment is not None:
         return
     logger._wandb_init["dir"] = logger._save_dir = str(run_dir)
-    # A sweep agent names the run in WANDB_RUN_ID, and W&B ignores (with a warning) any other id in a sweep.
-    if logger._id is None and run_id is not None and not os.environ.get("WANDB_RUN_ID"):
+    # In a sweep, W&B ignores any id given to it (with a warning) for the agent's, which named the run already.
+    if logger._id is None and run_id is not None and not os.environ.get("WANDB_SWEEP_ID"):
         logger._wandb_init["id"] = logger._id = run_id
 
 
