@@ -16,8 +16,8 @@ Keys:
     ``model``, ``model.<arg>``: the ``LightningModule`` and its arguments.
     ``data``, ``data.<arg>``, ``data.partitioner.<arg>``: the datamodule, its arguments and its partitioner's.
     ``aggregator``, ``aggregator.<arg>``.
-    ``callbacks.<Class>``, ``callbacks.<Class>.<arg>``: every :class:`~lightning_fed.FedCallback` (``<Class>[1]``
-    for a second one of a class).
+    ``callbacks.<Class>``, ``callbacks.<Class>.<arg>``: every :class:`~lightning_fed.FedCallback` but progress bars
+    (``<Class>[1]`` for a second one of a class).
     ``trainer.<setting>``: the run seed, clients per round, local work and the settings that change local training.
 
 ``num_rounds`` is not part of it: a run may always be extended.
@@ -26,9 +26,9 @@ Keys:
 from __future__ import annotations
 
 import enum
+import hashlib
 import inspect
 import math
-import hashlib
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -99,7 +99,7 @@ def _argument_value(obj: object, name: str) -> Any:
             warnings.simplefilter("ignore")
             try:
                 return getattr(obj, attribute)
-            except Exception:  # noqa: BLE001 - a property that cannot answer outside a fit tells nothing
+            except Exception:
                 continue
     return _MISSING
 
@@ -165,6 +165,8 @@ def experiment_fingerprint(
     trainer: FederatedTrainer, model: LightningModule | None, datamodule: LightningDataModule | None
 ) -> Fingerprint:
     """The fingerprint of a fit of ``model`` on ``datamodule`` with ``trainer``'s settings and algorithm."""
+    from lightning.pytorch.callbacks import ProgressBar
+
     from lightning_fed.callbacks.base import FedCallback
 
     out: Fingerprint = {}
@@ -175,7 +177,8 @@ def experiment_fingerprint(
     out.update(describe(trainer.aggregator, "aggregator"))
     seen: dict[str, int] = {}
     for callback in trainer.callbacks:
-        if isinstance(callback, FedCallback):
+        # A progress bar shows the run and changes nothing in it (whether it is on must not block a resume).
+        if isinstance(callback, FedCallback) and not isinstance(callback, ProgressBar):
             name = type(callback).__qualname__
             count = seen.get(name, 0)
             seen[name] = count + 1
@@ -203,7 +206,11 @@ _ABSENT = "(absent)"
 def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{key: (old value, new value)}`` for every key whose value differs or that only one side has."""
     keys = sorted(set(old) | set(new))
-    return {key: (old.get(key, _ABSENT), new.get(key, _ABSENT)) for key in keys if old.get(key, _ABSENT) != new.get(key, _ABSENT)}
+    return {
+        key: (old.get(key, _ABSENT), new.get(key, _ABSENT))
+        for key in keys
+        if old.get(key, _ABSENT) != new.get(key, _ABSENT)
+    }
 
 
 def is_allowed(key: str, allowed: Iterable[str]) -> bool:

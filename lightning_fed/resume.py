@@ -83,12 +83,12 @@ def checkpoint_fingerprint(path: Path) -> Fingerprint | None:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError:
         checkpoint = None  # not a zip checkpoint (the legacy format cannot be mapped): read it whole
-    except Exception as error:  # noqa: BLE001 - any failure means the same to the user: not a readable checkpoint
+    except Exception as error:
         raise ResumeError(f"`ckpt_path`: cannot read the checkpoint {path}: {error}") from error
     if checkpoint is None:
         try:
             checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:  # noqa: BLE001 - as above
+        except Exception as error:
             raise ResumeError(f"`ckpt_path`: cannot read the checkpoint {path}: {error}") from error
     try:
         fingerprint = checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]["federated"].get("fingerprint")
@@ -111,7 +111,9 @@ def _blocking(diff: Mapping[str, tuple[Any, Any]], allowed: Iterable[str]) -> di
     return {key: change for key, change in diff.items() if not is_allowed(key, allowed)}
 
 
-def resolve_ckpt_path(trainer: FederatedTrainer, ckpt_path: str | Path | None, fingerprint: Fingerprint) -> ResumeTarget:
+def resolve_ckpt_path(
+    trainer: FederatedTrainer, ckpt_path: str | Path | None, fingerprint: Fingerprint
+) -> ResumeTarget:
     """Resolves ``ckpt_path`` for ``fit``, ``validate`` or ``test`` and checks the configuration against it.
 
     Raises:

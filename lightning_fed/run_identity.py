@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lightning.pytorch.callbacks import ModelCheckpoint
-
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
 
 from lightning_fed.loggers.wandb import place_wandb_run, wandb_loggers, wandb_run_id

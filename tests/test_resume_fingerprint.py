@@ -88,8 +88,14 @@ def test_allowed_changes_resume_and_are_reported(tmp_path):
         trainer = _fit(tmp_path, lr=0.3, num_rounds=2, ckpt_path="last", resume_allow_changes=["model.lr"])
     assert trainer.fed_run_dir == first.fed_run_dir and trainer.federation_state.completed_rounds == 2
     # A dotted prefix allows a whole object; the resumed run's checkpoints carry the new fingerprint.
-    trainer = _fit(tmp_path, lr=0.3, num_rounds=3, ckpt_path="last", callbacks=[FedProx(mu=0.1)],
-                   resume_allow_changes=["callbacks.FedProx"])  # fmt: skip
+    trainer = _fit(
+        tmp_path,
+        lr=0.3,
+        num_rounds=3,
+        ckpt_path="last",
+        callbacks=[FedProx(mu=0.1)],
+        resume_allow_changes=["callbacks.FedProx"],
+    )
     assert trainer.federation_state.completed_rounds == 3
 
 
@@ -165,7 +171,7 @@ def test_the_checkpoint_carries_the_fingerprint(finished):
 
 
 def test_fingerprint_reads_hparams_attributes_and_nested_objects():
-    from lightning_fed.models import ClassifierModule, MNIST1DCNN
+    from lightning_fed.models import MNIST1DCNN, ClassifierModule
 
     trainer = fast_trainer(".", callbacks=[FedProx(mu=0.01), FedProx(mu=0.02)])
     module = ClassifierModule(backbone=MNIST1DCNN(channels=8), num_classes=10, lr=0.07)
@@ -189,3 +195,9 @@ def test_differences_and_allowed_keys():
 def test_resume_allow_changes_is_checked():
     with pytest.raises(InvalidArgumentError, match="resume_allow_changes"):
         fast_trainer(".", resume_allow_changes="model.lr")
+
+
+def test_the_progress_bar_is_not_part_of_the_experiment(tmp_path):
+    _fit(tmp_path, enable_progress_bar=False)
+    trainer = _fit(tmp_path, num_rounds=2, enable_progress_bar=True, ckpt_path="last")
+    assert trainer.federation_state.completed_rounds == 2

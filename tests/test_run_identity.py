@@ -62,26 +62,59 @@ def test_a_sweep_agents_run_id_names_the_run(tmp_path, monkeypatch):
 
 def test_the_sweep_drives_the_cli_with_its_base_config():
     sweep = yaml.safe_load(SWEEP.read_text())
-    assert sweep["program"] == "lightning-fed" and sweep["command"][1:5] == ["lightning-fed", "fit", "--config",
-                                                                          str(SWEEP_BASE.relative_to(ROOT))]  # fmt: skip
+    assert sweep["program"] == "lightning-fed" and sweep["command"][1:5] == [
+        "lightning-fed",
+        "fit",
+        "--config",
+        str(SWEEP_BASE.relative_to(ROOT)),
+    ]
     assert set(sweep["parameters"]) == {"model.init_args.lr", "seed_everything"}
 
 
 def test_four_concurrent_fits_into_one_root_keep_their_runs_apart(tmp_path):
     """A sweep on one machine: four CLI fits started at once into one root, without a logger (no logger id)."""
     settings = [(0, 0.01), (1, 0.03), (2, 0.1), (3, 0.3)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
     processes = [
         subprocess.Popen(
-            [sys.executable, "-m", "lightning_fed.cli", "fit", "--config", str(SWEEP_BASE),
-             f"--seed_everything={seed}", f"--model.init_args.lr={lr}",
-             "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false",
-             "--trainer.num_rounds", "2", "--trainer.local_epochs", "1", "--trainer.clients_per_round", "3",
-             "--data.init_args.num_samples", "400", "--data.init_args.partitioner.init_args.num_partitions", "3",
-             "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "lightning_fed.cli",
+                "fit",
+                "--config",
+                str(SWEEP_BASE),
+                f"--seed_everything={seed}",
+                f"--model.init_args.lr={lr}",
+                "--trainer.default_root_dir",
+                str(tmp_path),
+                "--trainer.logger",
+                "false",
+                "--trainer.num_rounds",
+                "2",
+                "--trainer.local_epochs",
+                "1",
+                "--trainer.clients_per_round",
+                "3",
+                "--data.init_args.num_samples",
+                "400",
+                "--data.init_args.partitioner.init_args.num_partitions",
+                "3",
+                "--trainer.enable_progress_bar",
+                "false",
+                "--trainer.enable_model_summary",
+                "false",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for seed, lr in settings
     ]
     outputs = [process.communicate(timeout=600)[0] for process in processes]
