@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_fed.functional.partition_stats import mean_emd
 from lightning_fed.loggers.wandb import define_round_axis, log_image, log_table, wandb_loggers
+from lightning_fed.run_identity import new_run_dir
 from lightning_fed.schedule import is_due
 
 if TYPE_CHECKING:
@@ -19,22 +19,16 @@ if TYPE_CHECKING:
 
 
 def resolve_run_dir(trainer: FederatedTrainer) -> Path:
-    """``trainer.run_dir`` if set, else ``<default_root_dir>/runs/<logger version or timestamp>``.
+    """The run directory: ``trainer.run_dir`` if set, else ``<default_root_dir>/runs/<run id>`` (see
+    :mod:`lightning_fed.run_identity`).
 
-    The answer is kept on the trainer, so the config saved at setup and the summary written later land in the same
-    directory even when it is named by a timestamp.
+    The answer is kept on the trainer (``fit`` decides it when it starts, a resumed run's own directory included), so
+    the config saved at setup, the checkpoints and the summary written later land in the same directory.
     """
     cached = getattr(trainer, "_resolved_run_dir", None)
     if cached is not None:
         return cached
-    if trainer.run_dir:
-        run_dir = Path(trainer.run_dir)
-    else:
-        version = None
-        if trainer.loggers:
-            logger = trainer.loggers[0]
-            version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
-        run_dir = Path(trainer.default_root_dir) / "runs" / (version or time.strftime("%Y%m%d-%H%M%S"))
+    run_dir = new_run_dir(trainer)
     trainer._resolved_run_dir = run_dir
     return run_dir
 
@@ -191,6 +185,9 @@ class RunReporter:
             # "personal/" when those are the clients' personalised models, "client/" when the global model.
             "final_client_metrics_kind": prefix,
             "run_dir": str(self.run_dir),
+            "run_id": self.run_dir.name,
+            # What defines the experiment (model and data arguments, algorithm, seed, ...), for comparing runs.
+            "fingerprint": self.trainer.fed_fingerprint,
         }
         path = self.run_dir / "summary.json"
         _write_json_atomic(path, payload)

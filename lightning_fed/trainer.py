@@ -16,14 +16,18 @@ from lightning_fed.aggregators import Aggregator, FedAvg
 from lightning_fed.callbacks.base import FedCallback
 from lightning_fed.callbacks.progress import RoundProgressBar
 from lightning_fed.checkpoint_io import AtomicCheckpointIO
+from lightning_fed.checks import InvalidArgumentError
 from lightning_fed.client import RoundResult
 from lightning_fed.distributed import check_world_size
 from lightning_fed.evaluation import best_mean_accuracy
 from lightning_fed.federation_state import FederationState
+from lightning_fed.fingerprint import Fingerprint, experiment_fingerprint, is_allowed
 from lightning_fed.loop import install_round_loop
-from lightning_fed.reporting import RunReporter
+from lightning_fed.reporting import RunReporter, resolve_run_dir
+from lightning_fed.resume import ResumeError, compare, resolve_ckpt_path, warn_allowed_changes
 from lightning_fed.round import RoundRunner, warn_if_many_rejected
 from lightning_fed.round_evaluation import CLIENT_PREFIX, PERSONAL_PREFIX, headline
+from lightning_fed.run_identity import new_run_dir, open_run
 from lightning_fed.sampling import UniformClientSampler
 from lightning_fed.setup_checks import (
     EPOCH_ARGS,
@@ -71,7 +75,13 @@ class FederatedTrainer(Trainer):
             participations, instead of starting every client from fresh state.
         seed: Run seed for client sampling, data order and per-client RNG; defaults to the seed given to
             ``seed_everything`` (0 if none).
-        run_dir: Where the summary JSON and plots go; default ``<default_root_dir>/runs/<logger version>``.
+        run_dir: The run directory, where everything a fit writes goes (``config.yaml``, ``summary.json``, plots,
+            ``checkpoints/``, the W&B directory); default ``<default_root_dir>/runs/<run id>``, a directory of the
+            fit's own (the run id is the logger's id, else a timestamp and a random suffix).
+        resume_allow_changes: Experiment settings allowed to differ from the checkpoint's when resuming, as
+            fingerprint keys (``["model.lr", "callbacks.FedProx"]``: a key or a dotted prefix; ``["*"]``: any).
+            Without it, resuming with another configuration is an error that lists the differing keys;
+            ``num_rounds`` may always grow. See :mod:`lightning_fed.fingerprint`.
         kwargs: Any other ``lightning.pytorch.Trainer`` argument (callbacks, logger, precision,
             gradient_clip_val, accelerator, ...).
     """
@@ -97,6 +107,7 @@ class FederatedTrainer(Trainer):
         keep_optimizer_state: bool = False,
         seed: int | None = None,
         run_dir: str | None = None,
+        resume_allow_changes: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         check_round_settings(
@@ -128,6 +139,8 @@ class FederatedTrainer(Trainer):
         self.keep_optimizer_state = keep_optimizer_state
         self.seed = seed
         self.run_dir = run_dir
+        self.resume_allow_changes = _check_allowed_changes(resume_allow_changes)
+        self._fingerprint: Fingerprint | None = None
         self.federation_state = FederationState()
         self._restored = False
         self._reporter: RunReporter | None = None
@@ -135,6 +148,8 @@ class FederatedTrainer(Trainer):
         self._last_round_result: RoundResult | None = None
         self.summary_path: Path | None = None
         self._resolved_run_dir: Path | None = None
+        # Checkpoint callbacks given no directory: each fit points them at its own run directory.
+        self._run_checkpoints: list[ModelCheckpoint] = []
         kwargs["callbacks"] = self._default_callbacks(kwargs)
         kwargs["plugins"] = _with_atomic_checkpoints(kwargs.get("plugins"))
         super().__init__(max_epochs=num_rounds, **kwargs)
@@ -151,12 +166,11 @@ class FederatedTrainer(Trainer):
         if kwargs.get("enable_checkpointing") is not False and not any(
             isinstance(cb, ModelCheckpoint) for cb in callbacks
         ):
-            root = kwargs.get("default_root_dir") or os.getcwd()
             # Lightning 2.6 writes `last` only alongside a top-k save; keeping the newest one and linking `last` to it
-            # costs one checkpoint write per round, and `--ckpt_path last` resumes from it.
+            # costs one checkpoint write per round, and `--ckpt_path last` resumes from it. Its directory is the run
+            # directory's `checkpoints/`, set when a fit starts.
             callbacks.append(
                 ModelCheckpoint(
-                    dirpath=os.path.join(root, "checkpoints"),
                     filename="round{epoch:04d}",
                     auto_insert_metric_name=False,
                     save_top_k=1,
@@ -164,6 +178,7 @@ class FederatedTrainer(Trainer):
                     save_on_train_epoch_end=True,
                 )
             )
+        self._run_checkpoints = [cb for cb in callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath is None]
         return callbacks
 
     def fit(
@@ -175,35 +190,99 @@ class FederatedTrainer(Trainer):
         ckpt_path: str | Path | None = None,
         weights_only: bool | None = None,
     ) -> None:
-        """Runs the federated rounds. Checkpoints are loaded with ``weights_only=True`` unless told otherwise."""
+        """Runs the federated rounds in a run directory of the fit's own (see ``run_dir``).
+
+        Args:
+            model: The ``LightningModule`` to train.
+            train_dataloaders: A :class:`~lightning_fed.datamodules.FederatedDataModule` may be passed here.
+            val_dataloaders: Not supported: the datamodule provides validation.
+            datamodule: The :class:`~lightning_fed.datamodules.FederatedDataModule`.
+            ckpt_path: ``None`` starts a new run. ``"last"`` resumes the newest run of this configuration in
+                ``default_root_dir``; a run directory or run id resumes that run (in its directory); a checkpoint
+                file resumes from it. A run of another configuration is refused unless ``resume_allow_changes``
+                names the differences; so is ``"last"`` with nothing to resume.
+            weights_only: ``torch.load``'s; checkpoints load with ``weights_only=True`` unless told otherwise.
+        """
         if datamodule is None and isinstance(train_dataloaders, LightningDataModule):
             datamodule, train_dataloaders = train_dataloaders, None
         check_fit_setup(datamodule, train_dataloaders, val_dataloaders)
-        self._restored = ckpt_path is not None
-        self._resolved_run_dir = None  # each fit gets its own run directory
+        # Computed from the fresh objects, before training can change any attribute; every checkpoint carries it.
+        self._fingerprint = experiment_fingerprint(self, model, datamodule)
+        target = resolve_ckpt_path(self, ckpt_path, self._fingerprint)
+        warn_allowed_changes(target)
+        self._restored = target.checkpoint is not None
+        # Each fit gets its own run directory; a resumed run continues in its own.
+        self._resolved_run_dir = None
+        run_dir = Path(self.run_dir) if self.run_dir else target.run_dir or new_run_dir(self)
+        open_run(self, run_dir, self._run_checkpoints)
         super().fit(
             model,
             datamodule=datamodule,
-            ckpt_path=ckpt_path,
+            ckpt_path=target.checkpoint,
             weights_only=True if weights_only is None else weights_only,
         )
         if self._reporter is not None and self.is_global_zero:
             self._print_final()
         warn_if_many_rejected(self)
 
-    def validate(self, *args: Any, weights_only: bool | None = None, **kwargs: Any) -> Any:
-        """Lightning's validation of the global model; checkpoints load with ``weights_only=True`` by default."""
-        weights_only = True if weights_only is None else weights_only
-        result = super().validate(*args, weights_only=weights_only, **kwargs)  # type: ignore[misc]
+    def validate(
+        self,
+        model: LightningModule | None = None,
+        dataloaders: Any = None,
+        ckpt_path: str | Path | None = None,
+        verbose: bool = True,
+        datamodule: LightningDataModule | None = None,
+        weights_only: bool | None = None,
+    ) -> Any:
+        """Lightning's validation of the global model. ``ckpt_path`` is resolved as in :meth:`fit` (``"last"``: the
+        newest run of this configuration, an error when there is none); checkpoints load with ``weights_only=True``
+        by default."""
+        result = super().validate(
+            model,
+            dataloaders,
+            self._evaluation_checkpoint(model, dataloaders, datamodule, ckpt_path),
+            verbose,
+            datamodule,
+            True if weights_only is None else weights_only,
+        )
         distributed.destroy_process_group_at_exit()
         return result
 
-    def test(self, *args: Any, weights_only: bool | None = None, **kwargs: Any) -> Any:
-        """Lightning's test of the global model; checkpoints load with ``weights_only=True`` by default."""
-        weights_only = True if weights_only is None else weights_only
-        result = super().test(*args, weights_only=weights_only, **kwargs)  # type: ignore[misc]
+    def test(
+        self,
+        model: LightningModule | None = None,
+        dataloaders: Any = None,
+        ckpt_path: str | Path | None = None,
+        verbose: bool = True,
+        datamodule: LightningDataModule | None = None,
+        weights_only: bool | None = None,
+    ) -> Any:
+        """Lightning's test of the global model. ``ckpt_path`` is resolved as in :meth:`fit` (``"last"``: the newest
+        run of this configuration, an error when there is none); checkpoints load with ``weights_only=True`` by
+        default."""
+        result = super().test(
+            model,
+            dataloaders,
+            self._evaluation_checkpoint(model, dataloaders, datamodule, ckpt_path),
+            verbose,
+            datamodule,
+            True if weights_only is None else weights_only,
+        )
         distributed.destroy_process_group_at_exit()
         return result
+
+    def _evaluation_checkpoint(
+        self, model: LightningModule | None, dataloaders: Any, datamodule: Any, ckpt_path: str | Path | None
+    ) -> str | None:
+        if ckpt_path is None:
+            return None
+        if datamodule is None and isinstance(dataloaders, LightningDataModule):
+            datamodule = dataloaders
+        if datamodule is None and dataloaders is None:
+            datamodule = getattr(self, "datamodule", None)
+        module = model if model is not None else self.lightning_module
+        fingerprint = experiment_fingerprint(self, module, datamodule)
+        return resolve_ckpt_path(self, ckpt_path, fingerprint).checkpoint
 
     @property
     def fed_runner(self) -> RoundRunner | None:
@@ -212,8 +291,18 @@ class FederatedTrainer(Trainer):
 
     @property
     def fed_run_dir(self) -> Path | None:
-        """Where this fit writes ``summary.json`` and its plots; ``None`` before the first round."""
+        """This fit's run directory (``summary.json``, plots, ``checkpoints/``); ``None`` before the first round."""
         return self._reporter.run_dir if self._reporter is not None else None
+
+    @property
+    def fed_fingerprint(self) -> Fingerprint | None:
+        """What defines the latest fit's experiment, as checkpoints carry it (:mod:`lightning_fed.fingerprint`)."""
+        return self._fingerprint
+
+    @property
+    def fed_run_id(self) -> str | None:
+        """This fit's run id, the name of its run directory; ``None`` before the first round."""
+        return self.fed_run_dir.name if self.fed_run_dir is not None else None
 
     def resolve_seed(self) -> int:
         """The run seed: the checkpoint's when resuming, else ``seed``, else ``seed_everything``'s, else 0."""
@@ -246,6 +335,8 @@ class FederatedTrainer(Trainer):
         check_world_size(self.world_size, self.sampler.num_sampled(self.datamodule.num_clients))
         check_process_group(self.world_size, distributed.world_size())
         check_no_sync_batchnorm(module, self.world_size)
+        # Rank 0 named the run (every rank drew its own id): all ranks report the same directory.
+        self._resolved_run_dir = Path(self.strategy.broadcast(str(resolve_run_dir(self))))
         self._reporter = RunReporter(self)
         self._reporter.on_fit_start()
         self._runner = RoundRunner(self, module, count_step)
@@ -283,14 +374,28 @@ class FederatedTrainer(Trainer):
         self.print(f"[lightning_fed] summary: {self.summary_path}")
 
     def federated_state_dict(self) -> dict[str, Any]:
-        """Everything federated that a checkpoint must hold (saved inside the loop state)."""
+        """Everything federated that a checkpoint must hold (saved inside the loop state), with the experiment
+        fingerprint that a resume is checked against."""
         return {
             "state": self.federation_state.state_dict(),
             "aggregator": self.aggregator.state_dict(),
             "sampler": self.sampler.state_dict(),
+            "fingerprint": dict(self._fingerprint) if self._fingerprint is not None else None,
         }
 
     def load_federated_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores the federated state; a checkpoint of another configuration is refused (see ``fit``)."""
+        saved = state_dict.get("fingerprint")
+        if saved is not None and self._fingerprint is not None:
+            # `fit` checked the file it was given already; this catches a checkpoint restored by other means.
+            blocking = [
+                key for key in compare(saved, self._fingerprint) if not is_allowed(key, self.resume_allow_changes)
+            ]
+            if blocking:
+                raise ResumeError(
+                    f"The checkpoint was saved by a run of another configuration (differing: {', '.join(blocking)});"
+                    " allow the changes with `resume_allow_changes` or start a new run."
+                )
         self.federation_state.load_state_dict(state_dict["state"])
         self.aggregator.load_state_dict(state_dict["aggregator"])
         self.sampler.load_state_dict(state_dict["sampler"])
@@ -305,3 +410,13 @@ def _with_atomic_checkpoints(plugins: Any) -> list[Any]:
     if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
         plugins.append(AtomicCheckpointIO())
     return plugins
+
+
+def _check_allowed_changes(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)) or not all(isinstance(key, str) for key in value):
+        raise InvalidArgumentError(
+            "resume_allow_changes", value, 'a list of fingerprint keys such as ["model.lr"], or None'
+        )
+    return list(value)

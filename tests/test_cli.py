@@ -6,7 +6,10 @@ import pytest
 from lightning_fed import FederatedTrainer
 from lightning_fed.cli import FederatedCLI
 
-CONFIGS = sorted((Path(__file__).parents[1] / "configs").rglob("*.yaml"))
+# W&B sweep files (`*.sweep.yaml`) drive `lightning-fed fit`; they are not CLI configs themselves.
+CONFIGS = sorted(
+    p for p in (Path(__file__).parents[1] / "configs").rglob("*.yaml") if not p.name.endswith(".sweep.yaml")
+)
 # The personalised presets are a split file composed with a method file; a method file alone is not a config.
 PERSONALIZED = Path(__file__).parents[1] / "configs" / "fmnist" / "personalized"
 SPLIT_FILES = {PERSONALIZED / f"{split}.yaml" for split in ("pathological", "practical", "iid")}
@@ -55,8 +58,10 @@ def test_quickstart_end_to_end_with_offline_wandb(tmp_path, capsys, monkeypatch)
     summary_line = next(line for line in printed.splitlines() if line.startswith("[lightning_fed] summary: "))
     summary = json.loads(Path(summary_line.split(": ", 1)[1]).read_text())
     assert summary["completed_rounds"] == 2 and 0.0 <= summary["final"]["global/test_acc"] <= 1.0
-    assert list((tmp_path / "wandb").glob("offline-run-*")), "W&B should have written an offline run"
-    assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+    run_dir = Path(summary["run_dir"])
+    assert run_dir.is_relative_to(tmp_path)
+    assert list((run_dir / "wandb").glob("offline-run-*")), "W&B should have written an offline run in the run dir"
+    assert (run_dir / "checkpoints" / "last.ckpt").exists()
     # The resolved config goes with the run, not into the working directory that every run shares.
     assert (Path(summary["run_dir"]) / "config.yaml").exists()
     assert not (tmp_path / "config.yaml").exists()

@@ -41,6 +41,11 @@ def test_sigkilled_run_resumes_bit_identical(tmp_path, reference, kill_round, cl
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert not (tmp_path / "never.pt").exists()
     resumed = _run(str(tmp_path), str(tmp_path / "out.pt"), "--resume")
+    if kill_round == 0:
+        # Killed before its first checkpoint: `last` has nothing to resume and says so rather than start afresh;
+        # the run is started again.
+        assert resumed.returncode != 0 and "nothing to resume" in resumed.stderr
+        resumed = _run(str(tmp_path), str(tmp_path / "out.pt"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     result = torch.load(tmp_path / "out.pt", weights_only=True)
     # Killed in round k, the last checkpoint holds rounds 0..k-1: only rounds k.. run again.
@@ -51,7 +56,8 @@ def test_sigkilled_run_resumes_bit_identical(tmp_path, reference, kill_round, cl
 def test_checkpoint_loads_with_weights_only(tmp_path, reference):
     killed = _run(str(tmp_path), str(tmp_path / "never.pt"), "--kill-round", "1", "--kill-client-index", "0")
     assert killed.returncode == -signal.SIGKILL
-    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)  # links to round0000.ckpt
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)  # links to round0000.ckpt
     federated = checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]["federated"]
     assert federated["state"]["completed_rounds"] == 1
     assert set(federated["state"]["store"]) == {"counter", "optimizer"}

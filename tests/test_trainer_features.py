@@ -199,10 +199,10 @@ def test_timestamped_run_dir_is_resolved_once_per_fit(tmp_path, monkeypatch):
     when the clock moves on between them."""
     import itertools
 
-    from lightning_fed import reporting
+    from lightning_fed import reporting, run_identity
 
     stamps = (f"stamp{i}" for i in itertools.count())
-    monkeypatch.setattr(reporting.time, "strftime", lambda fmt: next(stamps))
+    monkeypatch.setattr(run_identity.time, "strftime", lambda fmt: next(stamps))
     trainer = FederatedTrainer(
         num_rounds=1,
         logger=False,

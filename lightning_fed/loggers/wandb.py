@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import netrc
 import os
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -33,7 +34,9 @@ class WandbLogger(_LightningWandbLogger):
     """Lightning's ``WandbLogger`` that falls back to an offline run when the user has no W&B credentials.
 
     Offline runs keep everything in the local run directory; ``wandb sync <dir>`` uploads them later. Pass
-    ``offline=True/False`` to decide explicitly.
+    ``offline=True/False`` to decide explicitly. Under :class:`~lightning_fed.FederatedTrainer` the W&B directory
+    is the fit's run directory (``<run dir>/wandb``) whatever ``save_dir`` says, and a run given no ``id`` takes the
+    run's id, so the W&B run and the run directory share one name.
 
     Args:
         offline: ``None`` (default) logs online when credentials are found, offline otherwise.
@@ -51,6 +54,27 @@ class WandbLogger(_LightningWandbLogger):
 def wandb_loggers(loggers: list[Any]) -> list[_LightningWandbLogger]:
     """The W&B loggers among ``loggers``."""
     return [logger for logger in loggers if isinstance(logger, _LightningWandbLogger)]
+
+
+def place_wandb_run(logger: _LightningWandbLogger, run_dir: Path, run_id: str | None) -> None:
+    """Puts ``logger``'s W&B directory under ``run_dir`` and, when it has no id, gives it ``run_id``.
+
+    W&B keeps its files in ``<dir>/wandb``; without this they would go to the logger's ``save_dir`` (the working
+    directory by default), shared by every run, whatever ``default_root_dir`` says. With the run's id, W&B's run and
+    the run directory have one name, and a resumed run continues its W&B run (Lightning asks W&B to resume when
+    allowed). A logger whose W&B run has started already keeps its place.
+    """
+    if logger._experiment is not None:
+        return
+    logger._wandb_init["dir"] = logger._save_dir = str(run_dir)
+    # In a sweep, W&B ignores any id given to it (with a warning) for the agent's, which named the run already.
+    if logger._id is None and run_id is not None and not os.environ.get("WANDB_SWEEP_ID"):
+        logger._wandb_init["id"] = logger._id = run_id
+
+
+def wandb_run_id(logger: _LightningWandbLogger) -> str | None:
+    """The id ``logger``'s W&B run has or will have: its own, else the one a sweep agent set, else ``None``."""
+    return logger.version or os.environ.get("WANDB_RUN_ID") or None
 
 
 def define_round_axis(logger: _LightningWandbLogger, names: list[str]) -> None:

@@ -74,7 +74,7 @@ def two_process_runs(tmp_path_factory) -> dict[str, Any]:
     for name in ALGORITHMS:
         assert codes[name] == 0, (base / name / "stderr.txt").read_text()[-4000:]
     assert codes["killed"] == -signal.SIGKILL, (base / "killed" / "stderr.txt").read_text()[-4000:]
-    killed_checkpoints = sorted(p.name for p in (base / "killed" / "checkpoints").iterdir())
+    killed_checkpoints = sorted(p.name for p in (base / "killed" / "run" / "checkpoints").iterdir())
     resumed = _launch(base / "killed", "--algorithm", "stateful", "--resume")
     assert _wait(resumed) == 0, (base / "killed" / "stderr.txt").read_text()[-4000:]
     runs = {name: _ranks(base / name) for name in ALGORITHMS}

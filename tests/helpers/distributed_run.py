@@ -181,6 +181,8 @@ def fit(
         aggregator=aggregator,
         keep_optimizer_state=keep_optimizer_state,
         callbacks=[*callbacks, models, *extra],
+        # When to crash is not part of the experiment: the resumed run has no Killer.
+        resume_allow_changes=["callbacks.Killer"],
         default_root_dir=root,
         run_dir=str(Path(root) / "run"),
         logger=RankLogger(root),

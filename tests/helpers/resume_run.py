@@ -99,6 +99,8 @@ def main() -> None:
         enable_model_summary=False,
         accelerator="cpu",
         devices=1,
+        # The killer's round and client are when to crash, not part of the experiment.
+        resume_allow_changes=["callbacks.Killer"],
     )
     trainer.fit(module, datamodule=datamodule, ckpt_path="last" if args.resume else None)
     torch.save(

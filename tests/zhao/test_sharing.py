@@ -127,7 +127,7 @@ def test_resume_skips_the_warmup(tmp_path):
     first.fit(BoringClassifier(), datamodule=dm)
     assert _CountingWarmup.calls == 1
     resumed = fast_trainer(tmp_path, num_rounds=2, callbacks=[_CountingWarmup()], **settings)
-    resumed.fit(BoringClassifier(), datamodule=_datamodule(), ckpt_path=str(tmp_path / "checkpoints" / "last.ckpt"))
+    resumed.fit(BoringClassifier(), datamodule=_datamodule(), ckpt_path="last")
     assert resumed.federation_state.completed_rounds == 2
     assert _CountingWarmup.calls == 1
 
