@@ -3,8 +3,8 @@
 from lightning_fed.aggregators import Aggregator, FedAvg
 from lightning_fed.callbacks import FedCallback, ParameterPenalty, RoundProgressBar
 from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, RoundResult
+from lightning_fed.client_rejection import ClientDivergedError
 from lightning_fed.client_store import ClientStateStore
-from lightning_fed.round import ClientDivergedError
 from lightning_fed.trainer import FederatedTrainer
 
 __version__ = "0.1.0"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -102,3 +103,17 @@ def best_mean_accuracy(history: list[dict[str, float]], current: dict[str, float
         return None
     values = [entry[key] for entry in [*history, current] if key in entry and math.isfinite(entry[key])]
     return max(values) if values else None
+
+
+def add_validation_and_bmta(
+    metrics: dict[str, float], callback_metrics: Mapping[str, Any], history: list[dict[str, float]]
+) -> None:
+    """Adds to a round's ``metrics`` the scalar validation metrics Lightning's loop logged and the BMTA so far, for
+    the global model on each client (``client/bmta``) and for personalised models (``personal/bmta``)."""
+    for key, value in callback_metrics.items():
+        if "val" in key and isinstance(value, torch.Tensor) and value.numel() == 1:
+            metrics[key] = float(value)
+    for prefix in ("client/", "personal/"):
+        bmta = best_mean_accuracy(history, metrics, prefix)
+        if bmta is not None:
+            metrics[f"{prefix}bmta"] = bmta

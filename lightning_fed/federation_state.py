@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_fed.client_store import ClientStateStore
+
+if TYPE_CHECKING:
+    from lightning_fed.trainer import FederatedTrainer
 
 
 @dataclass
@@ -54,3 +57,27 @@ class FederationState:
             setattr(self, key, state_dict[key])
         self.history = [dict(entry) for entry in state_dict["history"]]
         self.store.load_state_dict(state_dict["store"])
+
+
+def federated_checkpoint(trainer: FederatedTrainer) -> dict[str, Any]:
+    """Everything federated that a checkpoint must hold (saved inside the round loop's state), with the experiment
+    fingerprint that a resume is checked against."""
+    fingerprint = trainer.fed_fingerprint
+    return {
+        "state": trainer.federation_state.state_dict(),
+        "aggregator": trainer.aggregator.state_dict(),
+        "sampler": trainer.sampler.state_dict(),
+        "fingerprint": dict(fingerprint) if fingerprint is not None else None,
+    }
+
+
+def restore_federated_checkpoint(trainer: FederatedTrainer, state_dict: dict[str, Any]) -> None:
+    """Restores what :func:`federated_checkpoint` saved; a checkpoint of another configuration is refused."""
+    from lightning_fed.resume import check_restored_fingerprint
+
+    # `fit` checked the file it was given already; this catches a checkpoint restored by other means.
+    check_restored_fingerprint(state_dict.get("fingerprint"), trainer.fed_fingerprint, trainer.resume_allow_changes)
+    trainer.federation_state.load_state_dict(state_dict["state"])
+    trainer.aggregator.load_state_dict(state_dict["aggregator"])
+    trainer.sampler.load_state_dict(state_dict["sampler"])
+    trainer.mark_restored()

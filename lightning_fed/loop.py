@@ -15,6 +15,8 @@ from lightning.pytorch.loops.fetchers import _DataFetcher
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from typing_extensions import override
 
+from lightning_fed.federation_state import federated_checkpoint, restore_federated_checkpoint
+
 if TYPE_CHECKING:
     from lightning_fed.round import RoundRunner
     from lightning_fed.trainer import FederatedTrainer
@@ -76,7 +78,7 @@ class _RoundLoop(_TrainingEpochLoop):
     def on_save_checkpoint(self) -> dict[str, Any]:
         state_dict = super().on_save_checkpoint()
         trainer: FederatedTrainer = self.trainer  # type: ignore[assignment]
-        state_dict["federated"] = trainer.federated_state_dict()
+        state_dict["federated"] = federated_checkpoint(trainer)
         return state_dict
 
     @override
@@ -84,7 +86,7 @@ class _RoundLoop(_TrainingEpochLoop):
         super().on_load_checkpoint(state_dict)
         if "federated" in state_dict:
             trainer: FederatedTrainer = self.trainer  # type: ignore[assignment]
-            trainer.load_federated_state_dict(state_dict["federated"])
+            restore_federated_checkpoint(trainer, state_dict["federated"])
 
 
 def install_round_loop(trainer: FederatedTrainer) -> None:

@@ -165,6 +165,19 @@ class RunReporter:
             self.trainer, figure, "client_accuracy.png", f"{prefix}accuracy_distribution", f"round {round_number}"
         )
 
+    def print_final(self, summary_path: Path | None) -> None:
+        """Prints the final headline figures, the run directory and the summary's path."""
+        from lightning_fed.round_evaluation import headline
+
+        history = self.trainer.federation_state.history
+        if not history:
+            return
+        shown = headline(history[-1])
+        text = ", ".join(f"{key}={value:.4f}" for key, value in shown.items()) or "no accuracy logged"
+        self.trainer.print(f"[lightning_fed] final after {len(history)} rounds: {text}")
+        self.trainer.print(f"[lightning_fed] run directory: {self.run_dir}")
+        self.trainer.print(f"[lightning_fed] summary: {summary_path}")
+
     def write_summary(self, per_client: dict[int, dict[str, float]], prefix: str = "client/") -> Path:
         """Writes ``summary.json``: final metrics, per-round history, wall time and bytes."""
         state = self.trainer.federation_state

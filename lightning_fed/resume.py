@@ -23,13 +23,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.pytorch import LightningDataModule
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_fed.fingerprint import Fingerprint, differences, format_differences, is_allowed
+from lightning_fed.fingerprint import Fingerprint, differences, experiment_fingerprint, format_differences, is_allowed
 from lightning_fed.run_identity import CHECKPOINTS_DIR, RUNS_DIR, checkpoint_dir, runs_root
 
 if TYPE_CHECKING:
+    from lightning.pytorch import LightningModule
+
     from lightning_fed.trainer import FederatedTrainer
 
 # Lightning's own names for a checkpoint, resolved by Lightning.
@@ -229,11 +232,44 @@ def warn_allowed_changes(target: ResumeTarget) -> None:
         )
 
 
+def evaluation_checkpoint(
+    trainer: FederatedTrainer,
+    model: LightningModule | None,
+    dataloaders: Any,
+    datamodule: Any,
+    ckpt_path: str | Path | None,
+) -> str | None:
+    """The checkpoint ``validate``/``test`` should load: ``ckpt_path`` resolved as ``fit`` resolves it."""
+    if ckpt_path is None:
+        return None
+    if datamodule is None and isinstance(dataloaders, LightningDataModule):
+        datamodule = dataloaders
+    if datamodule is None and dataloaders is None:
+        datamodule = getattr(trainer, "datamodule", None)
+    module = model if model is not None else trainer.lightning_module
+    fingerprint = experiment_fingerprint(trainer, module, datamodule)
+    return resolve_ckpt_path(trainer, ckpt_path, fingerprint).checkpoint
+
+
+def check_restored_fingerprint(saved: Any, current: Any, allowed: list[str]) -> None:
+    """Refuses a restored checkpoint whose fingerprint differs from this fit's in keys not ``allowed``."""
+    if saved is None or current is None:
+        return
+    blocking = [key for key in compare(saved, current) if not is_allowed(key, allowed)]
+    if blocking:
+        raise ResumeError(
+            f"The checkpoint was saved by a run of another configuration (differing: {', '.join(blocking)});"
+            " allow the changes with `resume_allow_changes` or start a new run."
+        )
+
+
 __all__ = [
     "ResumeError",
     "ResumeTarget",
+    "check_restored_fingerprint",
     "checkpoint_fingerprint",
     "compare",
+    "evaluation_checkpoint",
     "latest_checkpoint",
     "resolve_ckpt_path",
     "warn_allowed_changes",

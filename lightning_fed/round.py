@@ -13,13 +13,13 @@ import torch
 from lightning.fabric.utilities.apply_func import apply_to_collection
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_fed import distributed
 from lightning_fed.aggregators.base import Aggregator
 from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, RoundResult
+from lightning_fed.client_rejection import finite_tree, reject_client
 from lightning_fed.federation_state import FederationState
 from lightning_fed.functional.state_dict import StateDict, all_finite, clone_state, copy_state_, state_nbytes
 from lightning_fed.local_training import LocalTrainer
@@ -38,46 +38,6 @@ def fed_participants(trainer: FederatedTrainer) -> list[Any]:
     it reports for the round it returns from ``Aggregator.round_metrics``.
     """
     return list(trainer.callbacks)
-
-
-def _finite_tree(value: Any) -> bool:
-    """Whether every floating-point tensor in a nested structure (an optimizer's state) is finite."""
-    flags: list[Tensor] = []
-    apply_to_collection(
-        value, Tensor, lambda t: flags.append(torch.isfinite(t).all()) if t.is_floating_point() else None
-    )
-    return bool(torch.stack(flags).all()) if flags else True
-
-
-class ClientDivergedError(FloatingPointError):
-    """Raised when a client's update is not finite and ``on_client_divergence="raise"``."""
-
-
-# Above this share of rejected client updates, a finished run warns that its results rest on the clients left.
-REJECTED_WARNING_FRACTION = 0.1
-
-
-def rejection_warning(state: FederationState) -> str | None:
-    """The end-of-run warning when more than 10 % of the client updates were rejected as non-finite, else ``None``.
-
-    With ``on_client_divergence="skip"`` each rejection is printed when it happens; a run where many were rejected
-    still finishes and reports metrics, so its end says how much of the federation those metrics rest on.
-    """
-    total, rejected = state.updates_total, state.rejected_total
-    if total == 0 or rejected <= REJECTED_WARNING_FRACTION * total:
-        return None
-    return (
-        f"{rejected} of {total} client updates ({rejected / total:.0%}) were rejected as non-finite (NaN or Inf) and"
-        " left out of the aggregate, so this run's results rest on the clients that remained. Lower the learning"
-        " rate or clip gradients (`gradient_clip_val`); set `on_client_divergence='raise'` to stop at the first one."
-    )
-
-
-def warn_if_many_rejected(trainer: FederatedTrainer) -> None:
-    """Emits :func:`rejection_warning` on rank 0 when it applies; called when a fit ends."""
-    message = rejection_warning(trainer.federation_state)
-    if message is not None:
-        rank_zero_warn(message, category=UserWarning)
 
 
 class RoundRunner:
@@ -179,9 +139,9 @@ class RoundRunner:
             raise
         round_ctx.bytes_down += state_nbytes(ctx.initial_params)
         round_ctx.bytes_up += state_nbytes(update.params)
-        if not (all_finite(update.params) and _finite_tree(optimizer_state)):
+        if not (all_finite(update.params) and finite_tree(optimizer_state)):
             store.rollback()
-            self._reject(round_ctx, client_id)
+            reject_client(self.trainer, round_ctx, client_id)
             return None
         store.commit()
         if optimizer_state is not None:
@@ -226,17 +186,6 @@ class RoundRunner:
             return {}
         loader = self.datamodule.client_dataloader(ctx.client_id, seed=data_seed)
         return dict(self.trainer.aggregator.probe_client(self.trainer, self.module, ctx, loader))
-
-    def _reject(self, round_ctx: RoundContext, client_id: int) -> None:
-        round_ctx.rejected.append(client_id)
-        message = f"Client {client_id} diverged in round {round_ctx.round_idx}: its update holds NaN or Inf."
-        if self.trainer.on_client_divergence == "raise":
-            raise ClientDivergedError(
-                f"{message} Lower the learning rate, clip gradients (`gradient_clip_val`), or set"
-                " `on_client_divergence='skip'` to drop such clients from the aggregate."
-            )
-        self.trainer.print(f"[lightning_fed] {message} It was left out of the aggregate.")
-        return
 
     def _client_optimizer(self, client_id: int) -> Optimizer:
         """The trainer's optimizer, with fresh state (or the client's own state when it is kept)."""

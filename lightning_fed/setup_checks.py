@@ -199,3 +199,31 @@ def check_process_group(trainer_world_size: int, group_world_size: int) -> None:
             f" {trainer_world_size}: FederatedTrainer splits each round over that group. Let Lightning's strategy"
             " create it (`strategy='ddp'` with `devices`/`num_nodes`), or destroy the foreign group before `fit`."
         )
+
+
+def check_allowed_changes(value: Any) -> list[str]:
+    """``resume_allow_changes``: fingerprint keys (or dotted prefixes, or ``"*"``) a resume may change."""
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)) or not all(isinstance(key, str) for key in value):
+        raise InvalidArgumentError(
+            "resume_allow_changes", value, 'a list of fingerprint keys such as ["model.lr"], or None'
+        )
+    return list(value)
+
+
+def check_federation_setup(trainer: FederatedTrainer, module: LightningModule) -> None:
+    """Everything checked when the rounds of a fit start (after any checkpoint is restored): the module, the
+    clients per round, each federated callback's own requirements and the process layout."""
+    from lightning_fed import distributed
+    from lightning_fed.callbacks.base import FedCallback
+
+    check_module_setup(trainer, module)
+    num_clients = trainer.datamodule.num_clients
+    check_clients_per_round(trainer.sampler.clients_per_round, num_clients)
+    for callback in trainer.callbacks:
+        if isinstance(callback, FedCallback):
+            callback.check_setup(trainer, trainer.datamodule)
+    distributed.check_world_size(trainer.world_size, trainer.sampler.num_sampled(num_clients))
+    check_process_group(trainer.world_size, distributed.world_size())
+    check_no_sync_batchnorm(module, trainer.world_size)

@@ -7,39 +7,37 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_fed import distributed
 from lightning_fed.aggregators import Aggregator, FedAvg
-from lightning_fed.callbacks.base import FedCallback
-from lightning_fed.callbacks.progress import RoundProgressBar
-from lightning_fed.checkpoint_io import AtomicCheckpointIO
-from lightning_fed.checks import InvalidArgumentError
 from lightning_fed.client import RoundResult
+from lightning_fed.client_rejection import warn_if_many_rejected
 from lightning_fed.distributed import check_world_size
-from lightning_fed.evaluation import best_mean_accuracy
+from lightning_fed.evaluation import add_validation_and_bmta
 from lightning_fed.federation_state import FederationState
-from lightning_fed.fingerprint import Fingerprint, experiment_fingerprint, is_allowed
+from lightning_fed.fingerprint import Fingerprint, experiment_fingerprint
 from lightning_fed.loop import install_round_loop
 from lightning_fed.reporting import RunReporter, resolve_run_dir
-from lightning_fed.resume import ResumeError, compare, resolve_ckpt_path, warn_allowed_changes
-from lightning_fed.round import RoundRunner, warn_if_many_rejected
-from lightning_fed.round_evaluation import CLIENT_PREFIX, PERSONAL_PREFIX, headline
+from lightning_fed.resume import (
+    evaluation_checkpoint,
+    resolve_ckpt_path,
+    warn_allowed_changes,
+)
+from lightning_fed.round import RoundRunner
 from lightning_fed.run_identity import new_run_dir, open_run
 from lightning_fed.sampling import UniformClientSampler
 from lightning_fed.setup_checks import (
     EPOCH_ARGS,
-    check_clients_per_round,
+    check_allowed_changes,
     check_epoch_args,
+    check_federation_setup,
     check_fit_setup,
     check_lightning_settings,
-    check_module_setup,
-    check_no_sync_batchnorm,
-    check_process_group,
     check_round_settings,
 )
+from lightning_fed.trainer_defaults import checkpoints_without_dir, default_callbacks, with_atomic_checkpoints
 
 
 class FederatedTrainer(Trainer):
@@ -65,19 +63,17 @@ class FederatedTrainer(Trainer):
         aggregator: How client models are combined; default :class:`~lightning_fed.aggregators.FedAvg`.
         eval_every_n_rounds: Evaluate the global model on the global test set every n rounds (0: never; the last
             round is always evaluated).
-        client_eval: Which clients' test splits to evaluate: ``"all"``, the round's ``"sampled"`` ones, or
-            ``"none"``.
+        client_eval: Which clients' own test splits to evaluate: ``"all"``, the round's ``"sampled"``, ``"none"``.
         client_eval_every_n_rounds: Per-client evaluation period in rounds.
         client_table_every_n_rounds: Log a per-client results ``wandb.Table`` every n rounds (0: never).
         on_client_divergence: ``"skip"`` leaves a client with a NaN/Inf update out of the aggregate and counts it;
-            ``"raise"`` stops the run with :class:`~lightning_fed.round.ClientDivergedError`.
+            ``"raise"`` stops the run with :class:`~lightning_fed.ClientDivergedError`.
         keep_optimizer_state: Keep each client's optimizer state (e.g. momentum) in the client store between its
             participations, instead of starting every client from fresh state.
         seed: Run seed for client sampling, data order and per-client RNG; defaults to the seed given to
             ``seed_everything`` (0 if none).
-        run_dir: The run directory, where everything a fit writes goes (``config.yaml``, ``summary.json``, plots,
-            ``checkpoints/``, the W&B directory); default ``<default_root_dir>/runs/<run id>``, a directory of the
-            fit's own (the run id is the logger's id, else a timestamp and a random suffix).
+        run_dir: Where everything a fit writes goes (config, summary, plots, ``checkpoints/``, W&B); default
+            ``<default_root_dir>/runs/<run id>``, the logger's id or else a timestamp and a random suffix.
         resume_allow_changes: Experiment settings allowed to differ from the checkpoint's when resuming, as
             fingerprint keys (``["model.lr", "callbacks.FedProx"]``: a key or a dotted prefix; ``["*"]``: any).
             Without it, resuming with another configuration is an error that lists the differing keys;
@@ -86,8 +82,7 @@ class FederatedTrainer(Trainer):
             gradient_clip_val, accelerator, ...).
     """
 
-    # Lightning's connectors set these at run time without declaring them on the class; declared here so that the
-    # library's code that reads them is type-checked.
+    # Set at run time by Lightning's connectors, undeclared there; declared here so that their readers type-check.
     datamodule: Any
     callbacks: list[Callback]
 
@@ -139,7 +134,7 @@ class FederatedTrainer(Trainer):
         self.keep_optimizer_state = keep_optimizer_state
         self.seed = seed
         self.run_dir = run_dir
-        self.resume_allow_changes = _check_allowed_changes(resume_allow_changes)
+        self.resume_allow_changes = check_allowed_changes(resume_allow_changes)
         self._fingerprint: Fingerprint | None = None
         self.federation_state = FederationState()
         self._restored = False
@@ -150,36 +145,13 @@ class FederatedTrainer(Trainer):
         self._resolved_run_dir: Path | None = None
         # Checkpoint callbacks given no directory: each fit points them at its own run directory.
         self._run_checkpoints: list[ModelCheckpoint] = []
-        kwargs["callbacks"] = self._default_callbacks(kwargs)
-        kwargs["plugins"] = _with_atomic_checkpoints(kwargs.get("plugins"))
+        kwargs["callbacks"] = default_callbacks(kwargs)
+        self._run_checkpoints = checkpoints_without_dir(kwargs["callbacks"])
+        kwargs["plugins"] = with_atomic_checkpoints(kwargs.get("plugins"))
         super().__init__(max_epochs=num_rounds, **kwargs)
         if isinstance(clients_per_round, int):
             check_world_size(self.world_size, clients_per_round)
         install_round_loop(self)
-
-    def _default_callbacks(self, kwargs: dict[str, Any]) -> list[Callback]:
-        callbacks = kwargs.get("callbacks") or []
-        callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
-        # LightningCLI passes None for "Lightning's default", which is on.
-        if kwargs.get("enable_progress_bar") is not False and not any(isinstance(cb, ProgressBar) for cb in callbacks):
-            callbacks.append(RoundProgressBar())
-        if kwargs.get("enable_checkpointing") is not False and not any(
-            isinstance(cb, ModelCheckpoint) for cb in callbacks
-        ):
-            # Lightning 2.6 writes `last` only alongside a top-k save; keeping the newest one and linking `last` to it
-            # costs one checkpoint write per round, and `--ckpt_path last` resumes from it. Its directory is the run
-            # directory's `checkpoints/`, set when a fit starts.
-            callbacks.append(
-                ModelCheckpoint(
-                    filename="round{epoch:04d}",
-                    auto_insert_metric_name=False,
-                    save_top_k=1,
-                    save_last="link",
-                    save_on_train_epoch_end=True,
-                )
-            )
-        self._run_checkpoints = [cb for cb in callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath is None]
-        return callbacks
 
     def fit(
         self,
@@ -222,7 +194,7 @@ class FederatedTrainer(Trainer):
             weights_only=True if weights_only is None else weights_only,
         )
         if self._reporter is not None and self.is_global_zero:
-            self._print_final()
+            self._reporter.print_final(self.summary_path)
         warn_if_many_rejected(self)
 
     def validate(
@@ -234,19 +206,9 @@ class FederatedTrainer(Trainer):
         datamodule: LightningDataModule | None = None,
         weights_only: bool | None = None,
     ) -> Any:
-        """Lightning's validation of the global model. ``ckpt_path`` is resolved as in :meth:`fit` (``"last"``: the
-        newest run of this configuration, an error when there is none); checkpoints load with ``weights_only=True``
-        by default."""
-        result = super().validate(
-            model,
-            dataloaders,
-            self._evaluation_checkpoint(model, dataloaders, datamodule, ckpt_path),
-            verbose,
-            datamodule,
-            True if weights_only is None else weights_only,
-        )
-        distributed.destroy_process_group_at_exit()
-        return result
+        """Lightning's validation of the global model, with ``ckpt_path`` resolved as :meth:`fit` resolves it
+        (``"last"`` with nothing to resume is an error); checkpoints load with ``weights_only=True`` by default."""
+        return self._evaluate(super().validate, model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
 
     def test(
         self,
@@ -257,32 +219,15 @@ class FederatedTrainer(Trainer):
         datamodule: LightningDataModule | None = None,
         weights_only: bool | None = None,
     ) -> Any:
-        """Lightning's test of the global model. ``ckpt_path`` is resolved as in :meth:`fit` (``"last"``: the newest
-        run of this configuration, an error when there is none); checkpoints load with ``weights_only=True`` by
-        default."""
-        result = super().test(
-            model,
-            dataloaders,
-            self._evaluation_checkpoint(model, dataloaders, datamodule, ckpt_path),
-            verbose,
-            datamodule,
-            True if weights_only is None else weights_only,
-        )
+        """Lightning's test of the global model, with ``ckpt_path`` resolved as in :meth:`validate`."""
+        return self._evaluate(super().test, model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
+
+    def _evaluate(self, stage: Any, model: Any, dataloaders: Any, ckpt_path: Any, *rest: Any) -> Any:
+        verbose, datamodule, weights_only = rest
+        checkpoint = evaluation_checkpoint(self, model, dataloaders, datamodule, ckpt_path)
+        result = stage(model, dataloaders, checkpoint, verbose, datamodule, weights_only is not False)
         distributed.destroy_process_group_at_exit()
         return result
-
-    def _evaluation_checkpoint(
-        self, model: LightningModule | None, dataloaders: Any, datamodule: Any, ckpt_path: str | Path | None
-    ) -> str | None:
-        if ckpt_path is None:
-            return None
-        if datamodule is None and isinstance(dataloaders, LightningDataModule):
-            datamodule = dataloaders
-        if datamodule is None and dataloaders is None:
-            datamodule = getattr(self, "datamodule", None)
-        module = model if model is not None else self.lightning_module
-        fingerprint = experiment_fingerprint(self, module, datamodule)
-        return resolve_ckpt_path(self, ckpt_path, fingerprint).checkpoint
 
     @property
     def fed_runner(self) -> RoundRunner | None:
@@ -303,6 +248,10 @@ class FederatedTrainer(Trainer):
     def fed_run_id(self) -> str | None:
         """This fit's run id, the name of its run directory; ``None`` before the first round."""
         return self.fed_run_dir.name if self.fed_run_dir is not None else None
+
+    def mark_restored(self) -> None:
+        """Records that the running fit restored a checkpoint (the run seed then comes from it)."""
+        self._restored = True
 
     def resolve_seed(self) -> int:
         """The run seed: the checkpoint's when resuming, else ``seed``, else ``seed_everything``'s, else 0."""
@@ -325,16 +274,9 @@ class FederatedTrainer(Trainer):
             count_step: Advances ``global_step`` by one optimizer step (``count_step(n)``: by ``n``).
         """
         module = self.lightning_module
-        check_module_setup(self, module)
-        check_clients_per_round(self.sampler.clients_per_round, self.datamodule.num_clients)
-        for callback in self.callbacks:
-            if isinstance(callback, FedCallback):
-                callback.check_setup(self, self.datamodule)
+        check_federation_setup(self, module)
         self.federation_state.seed = self.resolve_seed()
         self.sampler.seed = self.federation_state.seed
-        check_world_size(self.world_size, self.sampler.num_sampled(self.datamodule.num_clients))
-        check_process_group(self.world_size, distributed.world_size())
-        check_no_sync_batchnorm(module, self.world_size)
         # Rank 0 named the run (every rank drew its own id): all ranks report the same directory.
         self._resolved_run_dir = Path(self.strategy.broadcast(str(resolve_run_dir(self))))
         self._reporter = RunReporter(self)
@@ -349,74 +291,9 @@ class FederatedTrainer(Trainer):
         metrics = result.metrics
         state = self.federation_state
         state.wall_time_s += metrics["time/round_s"]
-        for key, value in self.callback_metrics.items():
-            if "val" in key and isinstance(value, torch.Tensor) and value.numel() == 1:
-                metrics[key] = float(value)
-        for prefix in (CLIENT_PREFIX, PERSONAL_PREFIX):
-            bmta = best_mean_accuracy(state.history, metrics, prefix)
-            if bmta is not None:
-                metrics[f"{prefix}bmta"] = bmta
+        add_validation_and_bmta(metrics, self.callback_metrics, state.history)
         self._runner.dispatch("on_round_end", result.context, metrics)
         state.history.append(metrics)
         self.callback_metrics.update({key: torch.tensor(value) for key, value in metrics.items()})
         self._last_round_result = result
         self.summary_path = self._reporter.report_round(result)
-
-    def _print_final(self) -> None:
-        history = self.federation_state.history
-        if not history:
-            return
-        shown = headline(history[-1])
-        text = ", ".join(f"{key}={value:.4f}" for key, value in shown.items()) or "no accuracy logged"
-        self.print(f"[lightning_fed] final after {len(history)} rounds: {text}")
-        assert self._reporter is not None
-        self.print(f"[lightning_fed] run directory: {self._reporter.run_dir}")
-        self.print(f"[lightning_fed] summary: {self.summary_path}")
-
-    def federated_state_dict(self) -> dict[str, Any]:
-        """Everything federated that a checkpoint must hold (saved inside the loop state), with the experiment
-        fingerprint that a resume is checked against."""
-        return {
-            "state": self.federation_state.state_dict(),
-            "aggregator": self.aggregator.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "fingerprint": dict(self._fingerprint) if self._fingerprint is not None else None,
-        }
-
-    def load_federated_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores the federated state; a checkpoint of another configuration is refused (see ``fit``)."""
-        saved = state_dict.get("fingerprint")
-        if saved is not None and self._fingerprint is not None:
-            # `fit` checked the file it was given already; this catches a checkpoint restored by other means.
-            blocking = [
-                key for key in compare(saved, self._fingerprint) if not is_allowed(key, self.resume_allow_changes)
-            ]
-            if blocking:
-                raise ResumeError(
-                    f"The checkpoint was saved by a run of another configuration (differing: {', '.join(blocking)});"
-                    " allow the changes with `resume_allow_changes` or start a new run."
-                )
-        self.federation_state.load_state_dict(state_dict["state"])
-        self.aggregator.load_state_dict(state_dict["aggregator"])
-        self.sampler.load_state_dict(state_dict["sampler"])
-        self._restored = True
-
-
-def _with_atomic_checkpoints(plugins: Any) -> list[Any]:
-    """The user's plugins, plus :class:`AtomicCheckpointIO` unless they bring a ``CheckpointIO`` of their own: a
-    checkpoint is written beside its final name and moved into place, so a crash or a full disk never leaves a
-    partial one where ``--ckpt_path last`` would find it."""
-    plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
-    if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
-        plugins.append(AtomicCheckpointIO())
-    return plugins
-
-
-def _check_allowed_changes(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if not isinstance(value, (list, tuple)) or not all(isinstance(key, str) for key in value):
-        raise InvalidArgumentError(
-            "resume_allow_changes", value, 'a list of fingerprint keys such as ["model.lr"], or None'
-        )
-    return list(value)
