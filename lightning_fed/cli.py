@@ -26,6 +26,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from typing_extensions import override
 
+from lightning_fed.atomic import write_text_atomic
 from lightning_fed.callbacks.base import FedCallback, federated_trainer
 from lightning_fed.checks import InvalidArgumentError
 from lightning_fed.cli_errors import HeldOutput, error_line, report, traceback_requested
@@ -54,9 +55,13 @@ class SaveConfigToRunDir(SaveConfigCallback):
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         run_dir = resolve_run_dir(federated_trainer(trainer, self))
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.parser.save(
-            self.config, str(run_dir / self.config_filename), skip_none=False, overwrite=True, multifile=self.multifile
-        )
+        if self.multifile:
+            self.parser.save(
+                self.config, str(run_dir / self.config_filename), skip_none=False, overwrite=True, multifile=True
+            )
+            return
+        # Written beside its final name and moved into place: a crash never leaves half a config.yaml.
+        write_text_atomic(run_dir / self.config_filename, self.parser.dump(self.config, skip_none=False))
 
 
 class FederatedCLI(LightningCLI):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lightning_fed.atomic import write_text_atomic
 from lightning_fed.functional.partition_stats import mean_emd
 from lightning_fed.loggers.wandb import define_round_axis, log_image, log_table, wandb_loggers
 from lightning_fed.run_identity import new_run_dir
@@ -50,9 +50,7 @@ def publish_figure(
 
 def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, allow_nan=True))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(payload, indent=2, allow_nan=True))
 
 
 class RunReporter:
