@@ -54,6 +54,27 @@ def _quadratic_clients() -> DatasetFederated:
     )
 
 
+def _fit(tmp_path, make_optimizer, rounds: int, callbacks: list[Any]) -> FederatedTrainer:
+    module = Quadratic(make_optimizer)
+    trainer = FederatedTrainer(
+        num_rounds=rounds,
+        clients_per_round=4,
+        local_steps=20,
+        aggregator=FedAvg(weighting="uniform"),
+        callbacks=callbacks,
+        eval_every_n_rounds=0,
+        client_eval="none",
+        seed=0,
+        default_root_dir=str(tmp_path),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=_quadratic_clients())
+    return trainer
+
+
 def _run(tmp_path, make_optimizer, rounds: int, through_grad: bool | None = None) -> tuple[torch.Tensor, int]:
     scaffold = Scaffold()
     if through_grad is not None:
@@ -65,24 +86,8 @@ def _run(tmp_path, make_optimizer, rounds: int, through_grad: bool | None = None
             scaffold._through_grad = through_grad
 
         scaffold.on_fit_start = forced  # type: ignore[method-assign]
-    module = Quadratic(make_optimizer)
-    trainer = FederatedTrainer(
-        num_rounds=rounds,
-        clients_per_round=4,
-        local_steps=20,
-        aggregator=FedAvg(weighting="uniform"),
-        callbacks=[scaffold],
-        eval_every_n_rounds=0,
-        client_eval="none",
-        seed=0,
-        default_root_dir=str(tmp_path),
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(module, datamodule=_quadratic_clients())
-    return module.w.detach().clone(), trainer.federation_state.rejected_total
+    trainer = _fit(tmp_path, make_optimizer, rounds, [scaffold])
+    return trainer.lightning_module.w.detach().clone(), trainer.federation_state.rejected_total
 
 
 def _momentum(lr: float) -> Any:
@@ -90,23 +95,7 @@ def _momentum(lr: float) -> Any:
 
 
 def _fedavg(tmp_path, make_optimizer, rounds: int) -> torch.Tensor:
-    module = Quadratic(make_optimizer)
-    trainer = FederatedTrainer(
-        num_rounds=rounds,
-        clients_per_round=4,
-        local_steps=20,
-        aggregator=FedAvg(weighting="uniform"),
-        eval_every_n_rounds=0,
-        client_eval="none",
-        seed=0,
-        default_root_dir=str(tmp_path),
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(module, datamodule=_quadratic_clients())
-    return module.w.detach().clone()
+    return _fit(tmp_path, make_optimizer, rounds, []).lightning_module.w.detach().clone()
 
 
 def test_momentum_0_9_stays_bounded_where_the_correction_through_momentum_diverges(tmp_path):
