@@ -64,7 +64,8 @@ def test_a_full_disk_keeps_the_previous_round_checkpoint_resumable(tmp_path, mon
     with pytest.raises(DiskFullError, match=r"The disk is full: writing round0001\.ckpt in .*checkpoints failed"):
         fast_trainer(tmp_path, **kwargs).fit(BoringClassifier(), datamodule=dm)
     monkeypatch.setattr(torch, "save", real_save)
-    checkpoints = tmp_path / "checkpoints"
+    # The failed fit's run directory holds its checkpoints (one run in this root).
+    (checkpoints,) = (tmp_path / "runs").glob("*/checkpoints")
     assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "round0000.ckpt"]
     assert torch.load(checkpoints / "last.ckpt", weights_only=True)["epoch"] == 0
 
