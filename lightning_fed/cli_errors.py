@@ -267,7 +267,7 @@ def error_line(error: BaseException, config: Any = None, before_run: bool = Fals
     """
     from lightning_fed.resume import ResumeError
 
-    resume = _in_chain(error, ResumeError)
+    resume = next((link for link in exception_chain(error) if isinstance(link, ResumeError)), None)
     if resume is not None:
         # A refused resume names what to change itself (one line per differing setting): no traceback adds to it.
         return str(resume)
@@ -281,17 +281,6 @@ def error_line(error: BaseException, config: Any = None, before_run: bool = Fals
         text = " ".join(str(error).split()) or type(error).__name__
         where = component_path(error, config)
         return f"`{where}`: {text}" if where else text
-    return None
-
-
-def _in_chain(error: BaseException, kind: type[BaseException]) -> BaseException | None:
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, kind):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
     return None
 
 

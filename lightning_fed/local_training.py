@@ -205,6 +205,7 @@ class LocalTrainer:
         transfer_hooks = any(is_overridden(h, module, LightningModule) for h in _TRANSFER_HOOKS)
         self._needs_transfer = device.type != "cpu" or transfer_hooks
         self.buffer = LogBuffer()
+        self._scaler: Any = None
         self._federated = True
 
     def fit_client(
@@ -256,6 +257,8 @@ class LocalTrainer:
         optimizer.zero_grad(set_to_none=True)
         accumulate = accumulation_of(self.trainer)
         self._federated = federated
+        # Looked up once per client: the strategy's precision plugin does not change within a fit.
+        self._scaler = getattr(self.trainer.strategy.precision_plugin, "scaler", None)
         try:
             with buffered_logging(module, self.buffer):
                 for batch_idx, batch, boundary in self._batches(dataloader, epochs, steps, accumulate):
@@ -321,13 +324,12 @@ class LocalTrainer:
 
     def _backward(self, loss: Tensor) -> None:
         self._call("on_before_backward", loss)
-        scaler = getattr(self.trainer.strategy.precision_plugin, "scaler", None)
+        scaler = self._scaler
         self.module.backward(scaler.scale(loss) if scaler is not None else loss)
         self._call("on_after_backward")
 
     def _optimizer_step(self, ctx: ClientContext | None, optimizer: Optimizer) -> None:
-        trainer, module = self.trainer, self.module
-        scaler = getattr(trainer.strategy.precision_plugin, "scaler", None)
+        trainer, module, scaler = self.trainer, self.module, self._scaler
         if scaler is not None:
             scaler.unscale_(optimizer)
         if self._federated and ctx is not None:

@@ -208,7 +208,10 @@ class FederatedTrainer(Trainer):
     ) -> Any:
         """Lightning's validation of the global model, with ``ckpt_path`` resolved as :meth:`fit` resolves it
         (``"last"`` with nothing to resume is an error); checkpoints load with ``weights_only=True`` by default."""
-        return self._evaluate(super().validate, model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
+        checkpoint = evaluation_checkpoint(self, model, dataloaders, datamodule, ckpt_path)
+        result = super().validate(model, dataloaders, checkpoint, verbose, datamodule, weights_only is not False)
+        distributed.destroy_process_group_at_exit()
+        return result
 
     def test(
         self,
@@ -220,12 +223,8 @@ class FederatedTrainer(Trainer):
         weights_only: bool | None = None,
     ) -> Any:
         """Lightning's test of the global model, with ``ckpt_path`` resolved as in :meth:`validate`."""
-        return self._evaluate(super().test, model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
-
-    def _evaluate(self, stage: Any, model: Any, dataloaders: Any, ckpt_path: Any, *rest: Any) -> Any:
-        verbose, datamodule, weights_only = rest
         checkpoint = evaluation_checkpoint(self, model, dataloaders, datamodule, ckpt_path)
-        result = stage(model, dataloaders, checkpoint, verbose, datamodule, weights_only is not False)
+        result = super().test(model, dataloaders, checkpoint, verbose, datamodule, weights_only is not False)
         distributed.destroy_process_group_at_exit()
         return result
 

@@ -2,10 +2,9 @@ import lightning.pytorch as L
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule
+from helpers.boring import BoringClassifier, MetricModule, fast_trainer, global_weights, make_datamodule
 from helpers.resume import assert_resume_bit_identical
 from torch.func import functional_call
-from torchmetrics import MeanMetric
 
 from lightning_fed import ClientContext, FedCallback
 from lightning_fed.callbacks import APFL
@@ -25,20 +24,6 @@ class BatchRecorder(FedCallback):
 
     def on_client_end(self, trainer, pl_module, ctx, update):
         self.local_models[ctx.client_id] = {n: t.clone() for n, t in update.params.items()}
-
-
-class MetricModule(BoringClassifier):
-    """Logs a torchmetrics metric from training_step, which a side pass at v-bar must not update."""
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.train_mean = MeanMetric()
-
-    def training_step(self, batch, batch_idx):
-        loss = super().training_step(batch, batch_idx)
-        self.train_mean.update(loss.detach())
-        self.log("train_metric_mean", self.train_mean)
-        return loss
 
 
 def _reference(w0: dict, batches: list, alpha0: float, accumulate: int) -> tuple[dict, dict, float]:
@@ -67,8 +52,9 @@ def _reference(w0: dict, batches: list, alpha0: float, accumulate: int) -> tuple
     return w, v, float(alpha)
 
 
-@pytest.mark.parametrize("accumulate", [1, 2])
-def test_one_client_follows_the_papers_recurrence_with_autograd_gradients(tmp_path, accumulate):
+def _one_client_run(tmp_path, accumulate: int, num_samples: int = 400, **schedule):
+    """One client, one round of APFL(alpha=0.3); returns the module, the recorded batches, the stored entry and the
+    paper's recurrence on those batches."""
     L.seed_everything(0)
     module = BoringClassifier(lr=LR)
     w0 = {n: p.detach().clone() for n, p in module.named_parameters()}
@@ -77,44 +63,39 @@ def test_one_client_follows_the_papers_recurrence_with_autograd_gradients(tmp_pa
         tmp_path,
         num_rounds=1,
         clients_per_round=1,
-        local_steps=4,
         accumulate_grad_batches=accumulate,
         callbacks=[recorder, apfl],
+        **schedule,
     )
-    trainer.fit(module, datamodule=make_datamodule(num_clients=1))
-    w, v, alpha = _reference(w0, recorder.batches, 0.3, accumulate)
-    entry = trainer.federation_state.store.get("apfl", 0)
-    assert len(recorder.batches) == 4 * accumulate
-    assert alpha != 0.3 and entry["alpha"].item() == pytest.approx(alpha, rel=1e-5, abs=1e-7)
+    trainer.fit(module, datamodule=make_datamodule(num_clients=1, num_samples=num_samples))
+    reference = _reference(w0, recorder.batches, 0.3, accumulate)
+    return module, recorder.batches, trainer.federation_state.store.get("apfl", 0), reference
+
+
+def _assert_matches_recurrence(module, entry, reference) -> None:
+    w, v, alpha = reference
+    assert entry["alpha"].item() == pytest.approx(alpha, rel=1e-5, abs=1e-7)
     for name, tensor in module.named_parameters():
         torch.testing.assert_close(tensor.detach(), w[name], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(entry["v"][name], v[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_one_client_follows_the_papers_recurrence_with_autograd_gradients(tmp_path, accumulate):
+    module, batches, entry, reference = _one_client_run(tmp_path, accumulate, local_steps=4)
+    w, _, alpha = reference
+    assert len(batches) == 4 * accumulate
+    assert alpha != 0.3
+    _assert_matches_recurrence(module, entry, reference)
     assert any(not torch.allclose(entry["v"][n], w[n]) for n in w), "v must have moved away from w"
 
 
 def test_side_pass_follows_the_recurrence_when_an_epoch_ends_mid_accumulation(tmp_path):
     # The epoch's last step holds fewer than `accumulate` batches; the side pass must scale them as the client's
     # step does (each batch's loss over `accumulate`, as Lightning does), or v and alpha drift from the recurrence.
-    L.seed_everything(0)
-    module = BoringClassifier(lr=LR)
-    w0 = {n: p.detach().clone() for n, p in module.named_parameters()}
-    recorder, apfl = BatchRecorder(), APFL(alpha=0.3)
-    trainer = fast_trainer(
-        tmp_path,
-        num_rounds=1,
-        clients_per_round=1,
-        local_epochs=1,
-        accumulate_grad_batches=4,
-        callbacks=[recorder, apfl],
-    )
-    trainer.fit(module, datamodule=make_datamodule(num_clients=1, num_samples=120))
-    assert len(recorder.batches) % 4 != 0
-    w, v, alpha = _reference(w0, recorder.batches, 0.3, 4)
-    entry = trainer.federation_state.store.get("apfl", 0)
-    assert entry["alpha"].item() == pytest.approx(alpha, rel=1e-5, abs=1e-7)
-    for name, tensor in module.named_parameters():
-        torch.testing.assert_close(tensor.detach(), w[name], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(entry["v"][name], v[name], rtol=1e-5, atol=1e-6)
+    module, batches, entry, reference = _one_client_run(tmp_path, 4, num_samples=120, local_epochs=1)
+    assert len(batches) % 4 != 0
+    _assert_matches_recurrence(module, entry, reference)
 
 
 def _fit(tmp_path, callbacks, module_cls=MetricModule, rounds=2):

@@ -8,6 +8,7 @@ import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchmetrics import MeanMetric
 
 from lightning_fed import FedCallback, FederatedTrainer
 from lightning_fed.datamodules import DatasetFederated, IidPartitioner
@@ -77,6 +78,20 @@ class BoringClassifier(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+
+
+class MetricModule(BoringClassifier):
+    """Logs a torchmetrics metric from ``training_step``, which side passes (APFL's, the SGD twin's) must not update."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.train_mean = MeanMetric()
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.train_mean.update(loss.detach())
+        self.log("train_metric_mean", self.train_mean)
+        return loss
 
 
 class HookRecorder(FedCallback):

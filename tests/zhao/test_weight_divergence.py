@@ -5,11 +5,10 @@ from types import SimpleNamespace
 import lightning.pytorch as L
 import pytest
 import torch
-from helpers.boring import NUM_CLASSES, BoringClassifier, fast_trainer, global_weights, make_datamodule
+from helpers.boring import NUM_CLASSES, BoringClassifier, MetricModule, fast_trainer, global_weights, make_datamodule
 from helpers.reference_sgd import reference_epoch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.precision import MixedPrecision
-from torchmetrics import MeanMetric
 
 from lightning_fed.callbacks.weight_divergence import WeightDivergence
 from lightning_fed.datamodules import IidPartitioner, ShardPartitioner
@@ -115,18 +114,6 @@ def test_twin_is_a_direct_sgd_pass_with_clipping_and_accumulation(tmp_path):
         assert torch.equal(callback.twin_state[name], tensor), name
 
 
-class _MetricModule(BoringClassifier):
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.train_mean = MeanMetric()
-
-    def training_step(self, batch, batch_idx):
-        loss = super().training_step(batch, batch_idx)
-        self.train_mean.update(loss.detach())
-        self.log("train_metric_mean", self.train_mean)
-        return loss
-
-
 def test_twin_does_not_change_the_federated_run(tmp_path):
     dm = make_datamodule(num_clients=4)
     weights = []
@@ -144,7 +131,7 @@ def test_twin_leaves_the_loss_scale_and_train_metrics_of_the_federated_run(tmp_p
     runs = []
     for callbacks in ([], [WeightDivergence()]):
         L.seed_everything(0)
-        module = _MetricModule(dropout=0.3)
+        module = MetricModule(dropout=0.3)
         trainer = fast_trainer(tmp_path, num_rounds=2, clients_per_round=2, callbacks=callbacks, plugins=[_fp16()])
         trainer.fit(module, datamodule=dm)
         scale = trainer.strategy.precision_plugin.scaler.get_scale()

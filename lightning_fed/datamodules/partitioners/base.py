@@ -35,7 +35,6 @@ class Partitioner(ABC):
             labels: 1-D int64 tensor of class labels, one per example.
             natural_ids: 1-D int64 tensor of natural client ids (e.g. LEAF writers), for partitioners that use them.
         """
-        raise NotImplementedError
 
     @override
     def __repr__(self) -> str:
