@@ -2,7 +2,7 @@
 
 Examples::
 
-    lightning-fed reproduce --profile small                       # every claim, ~1 h on 2 cores, 2 parallel runs
+    lightning-fed reproduce --profile small                       # every claim, 3 seeds each, 2 parallel runs
     lightning-fed reproduce --profile smoke --out-dir /tmp/smoke  # the whole pipeline in well under a minute
     lightning-fed reproduce --profile small --claims 3 4          # FedAMP's claims only
     lightning-fed reproduce --profile small --runs zhao_iid       # rerun one run (then --report-only for all)
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.reproduce.claims import claims_for, experiments_of
-from benchmarks.reproduce.experiments import PROFILES, experiments_for
+from benchmarks.reproduce.experiments import DEFAULT_SEEDS, PROFILES, experiments_for, seeded
 from benchmarks.reproduce.report import run_context, write_report
 from benchmarks.reproduce.runner import (
     RunResult,
@@ -57,6 +57,14 @@ def _parser() -> argparse.ArgumentParser:
         "--runs",
         nargs="+",
         help="only these runs (e.g. to rerun a failed one; default: every run of the chosen claims in the profile)",
+    )
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        help="run seeds (seed_everything) of every run; the verdicts are judged on the means over them (default: "
+        + ", ".join(f"{profile} {' '.join(map(str, seeds))}" for profile, seeds in DEFAULT_SEEDS.items())
+        + ")",
     )
     parser.add_argument("--workers", type=int, default=2, help="parallel runs, one CPU thread each (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (default 1)")
@@ -119,14 +127,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--root {root} holds no configs/ folder: run from the repository root or pass --root.")
     claims = claims_for(args.claims)
     needed = experiments_of(claims)
-    experiments = [run for run in experiments_for(args.profile, args.runs) if run.name in needed]
+    chosen = [run for run in experiments_for(args.profile, args.runs) if run.name in needed]
+    experiments = seeded(chosen, tuple(args.seeds or DEFAULT_SEEDS[args.profile]))
     out_dir = (args.out_dir or Path("runs") / "reproduce" / args.profile).resolve()
     wandb = None if args.no_wandb else WandbOptions(args.wandb_project, args.profile)
     if args.list:
         for run in experiments:
             print(
                 shown_command(
-                    fit_args(run, args.profile, run_dir_of(out_dir, run.name), root, wandb, args.override), root
+                    fit_args(run, args.profile, run_dir_of(out_dir, run.run_name), root, wandb, args.override), root
                 )
             )
         return 0

@@ -10,10 +10,15 @@ variable of its sweep (an EMD level, a shared fraction β) and, per profile, the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 PROFILES = ("smoke", "small", "full")
+
+#: Seeds each profile runs every experiment with (``--seeds`` changes them). A seed sets ``seed_everything``: the
+#: model's initialisation, client sampling and data order; the split stays the preset's (its partitioner seed), as
+#: the split is part of the setting a claim is about.
+DEFAULT_SEEDS: dict[str, tuple[int, ...]] = {"smoke": (0,), "small": (0, 1, 2), "full": (0,)}
 ALL, SMALL_AND_FULL, FULL = frozenset(PROFILES), frozenset({"small", "full"}), frozenset({"full"})
 
 _ONE_ROUND = ("--trainer.num_rounds", "1")
@@ -72,6 +77,7 @@ class Experiment:
         args: Overrides that define the run within its sweep (e.g. the target EMD), the same in every profile.
         value: The sweep variable (EMD level, β) for plots, or ``None``.
         profiles: Profiles that include the run.
+        seed: The run seed (``--seed_everything``); ``None`` keeps the YAML's.
     """
 
     name: str
@@ -80,13 +86,24 @@ class Experiment:
     args: tuple[str, ...] = ()
     value: float | None = None
     profiles: frozenset[str] = field(default=ALL)
+    seed: int | None = None
+
+    @property
+    def run_name(self) -> str:
+        """The run directory's name: ``name``, with ``.seed<k>`` when the run sets a seed."""
+        return self.name if self.seed is None else f"{self.name}.seed{self.seed}"
+
+    def with_seed(self, seed: int) -> Experiment:
+        """The same run under another seed."""
+        return replace(self, seed=seed)
 
     def cli_args(self, profile: str) -> list[str]:
-        """``--config`` flags, the sweep overrides and the profile's scaling, for ``lightning-fed fit``."""
+        """``--config`` flags, the sweep overrides, the profile's scaling and the seed, for ``lightning-fed fit``."""
         if profile not in PROFILES:
             raise ValueError(f"`profile` must be one of {PROFILES}, got {profile!r}.")
         flags = [part for config in self.configs for part in ("--config", config)]
-        return [*flags, *self.args, *SCALING[self.family][profile]]
+        seed = () if self.seed is None else ("--seed_everything", str(self.seed))
+        return [*flags, *self.args, *SCALING[self.family][profile], *seed]
 
     def missing_configs(self, root: Path) -> list[str]:
         """The YAML files that do not exist under ``root``."""
@@ -206,4 +223,18 @@ def experiments_for(profile: str, names: list[str] | None = None) -> list[Experi
     return [run for run in chosen if names is None or run.name in names]
 
 
-__all__ = ["EXPERIMENTS", "PERSONALIZED_METHODS", "PROFILES", "SCALING", "Experiment", "experiments_for"]
+def seeded(experiments: list[Experiment], seeds: tuple[int, ...]) -> list[Experiment]:
+    """Every experiment under every seed, seeds innermost (so a claim's runs for seed 0 come first)."""
+    return [experiment.with_seed(seed) for experiment in experiments for seed in seeds]
+
+
+__all__ = [
+    "DEFAULT_SEEDS",
+    "EXPERIMENTS",
+    "PERSONALIZED_METHODS",
+    "PROFILES",
+    "SCALING",
+    "Experiment",
+    "experiments_for",
+    "seeded",
+]

@@ -14,10 +14,11 @@ from functools import partial
 from pathlib import Path
 
 from benchmarks.reproduce import figures, measures
-from benchmarks.reproduce.claims import CLIENT_DISTRIBUTIONS, Claim, zhao_beta_points, zhao_emd_points
-from benchmarks.reproduce.measures import Summary
+from benchmarks.reproduce.claims import CLIENT_DISTRIBUTIONS, GLOBAL_ACC, Claim, zhao_beta_points, zhao_emd_points
+from benchmarks.reproduce.measures import MissingMetricError, Summary
 from benchmarks.reproduce.rules import Verdict
 from benchmarks.reproduce.runner import RunResult
+from benchmarks.reproduce.seeds import SeededSummaries, mean_summaries, per_seed_summaries, spread
 
 
 @dataclass
@@ -28,11 +29,58 @@ class Report:
     verdicts: dict[str, Verdict]
     figures: list[Path] = field(default_factory=list)
     figure_errors: list[str] = field(default_factory=list)
+    seed_verdicts: dict[int, dict[str, Verdict]] = field(default_factory=dict)
 
 
-def _summaries(results: Sequence[RunResult]) -> dict[str, Summary]:
-    """Summaries of the successful runs."""
-    return {result.name: result.summary() for result in results if result.ok}
+def _summaries(results: Sequence[RunResult]) -> SeededSummaries:
+    """Run name -> seed -> summary, over the successful runs (a run without a seed counts as seed 0)."""
+    seeded: dict[str, dict[int, Summary]] = {}
+    for result in results:
+        if result.ok:
+            seeded.setdefault(result.experiment, {})[result.seed or 0] = result.summary()
+    return seeded
+
+
+def _mean_and_spread(by_seed: Mapping[int, Summary], measure: Callable[[Summary], float]) -> str:
+    """``"mean ± std (v0, v1, v2)"`` in percent, or ``"–"`` when no seed logged the metric."""
+    try:
+        mean, std, values = spread(by_seed, measure)
+    except MissingMetricError:
+        return "–"
+    if len(values) == 1:
+        return f"{100 * mean:.1f}"
+    return f"{100 * mean:.1f} ± {100 * std:.1f} ({', '.join(f'{100 * v:.1f}' for v in values)})"
+
+
+def _seed_tables(
+    claims: Sequence[Claim], seeded: SeededSummaries, seed_verdicts: Mapping[int, Mapping[str, Verdict]]
+) -> list[str]:
+    """Each claim's verdict per seed, and each run's final accuracy and BMTA as mean ± std over the seeds."""
+    seeds = list(seed_verdicts)
+    lines = [
+        "## Per seed",
+        "",
+        "The verdicts above are judged on the runs' means over seeds (round by round); each seed on its own gives:",
+        "",
+        "| # | " + " | ".join(f"seed {seed}" for seed in seeds) + " |",
+        "|---|" + "---|" * len(seeds),
+        *(
+            f"| {c.number} | "
+            + " | ".join(
+                f"{seed_verdicts[seed][c.key].verdict}: {_cell(seed_verdicts[seed][c.key].ours)}" for seed in seeds
+            )
+            + " |"
+            for c in claims
+        ),
+        "",
+        "| run | seeds ok | final global test accuracy, % | BMTA, % |",
+        "|---|---|---|---|",
+    ]
+    for name, by_seed in seeded.items():
+        final = _mean_and_spread(by_seed, lambda summary: measures.final(summary, GLOBAL_ACC))
+        bmta = _mean_and_spread(by_seed, measures.bmta)
+        lines.append(f"| {name} | {len(by_seed)} | {final} | {bmta} |")
+    return [*lines, ""]
 
 
 def _beta_with_baseline(summaries: Mapping[str, Summary]) -> dict[float, float]:
@@ -82,7 +130,11 @@ def _draw(
             continue
         if path is not None:
             drawn.append(path)
-    fedamp_runs = {r.name: Path(r.run_dir) for r in results if r.ok and "fedamp" in r.name}
+    # The ξ heatmaps of each FedAMP run's first successful seed.
+    fedamp_runs: dict[str, Path] = {}
+    for result in sorted(results, key=lambda r: r.seed or 0):
+        if result.ok and "fedamp" in result.experiment:
+            fedamp_runs.setdefault(result.experiment, Path(result.run_dir))
     drawn += figures.copy_xi_heatmaps(fedamp_runs, out_dir)
     return drawn, errors
 
@@ -99,6 +151,7 @@ def _markdown(
     drawn: Sequence[Path],
     errors: Sequence[str],
     context: Mapping[str, str],
+    seed_lines: Sequence[str] = (),
 ) -> str:
     failed = [result for result in results if not result.ok]
     lines = [
@@ -115,6 +168,7 @@ def _markdown(
             for c in claims
         ),
         "",
+        *seed_lines,
         "## Verdict rules (fixed before any result)",
         "",
         *(f"- **{c.number}** ({c.key}): {c.rule}" for c in claims),
@@ -153,11 +207,16 @@ def write_report(
 ) -> Report:
     """Writes ``REPRODUCTION.md``, ``reproduction.json`` and the figures into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    summaries = _summaries(results)
+    seeded = _summaries(results)
+    summaries = mean_summaries(seeded)
     verdicts = {claim.key: claim.evaluate(summaries) for claim in claims}
+    seed_verdicts = {
+        seed: {claim.key: claim.evaluate(runs) for claim in claims} for seed, runs in per_seed_summaries(seeded).items()
+    }
+    seed_lines = _seed_tables(claims, seeded, seed_verdicts) if len(seed_verdicts) > 1 else []
     drawn, errors = _draw(out_dir, claims, summaries, results)
     path = out_dir / "REPRODUCTION.md"
-    path.write_text(_markdown(profile, claims, verdicts, results, drawn, errors, context))
+    path.write_text(_markdown(profile, claims, verdicts, results, drawn, errors, context, seed_lines))
     payload = {
         "profile": profile,
         **context,
@@ -170,13 +229,24 @@ def write_report(
                 "rule": c.rule,
                 "ours": verdicts[c.key].ours,
                 "verdict": verdicts[c.key].verdict,
+                "per_seed": {str(seed): seed_verdicts[seed][c.key].verdict for seed in seed_verdicts},
             }
             for c in claims
         ],
-        "runs": [{"name": r.name, "status": r.status, "wall_s": r.wall_s, "error": r.error} for r in results],
+        "runs": [
+            {
+                "name": r.name,
+                "experiment": r.experiment,
+                "seed": r.seed,
+                "status": r.status,
+                "wall_s": r.wall_s,
+                "error": r.error,
+            }
+            for r in results
+        ],
     }
     (out_dir / "reproduction.json").write_text(json.dumps(payload, indent=2))
-    return Report(path, verdicts, drawn, errors)
+    return Report(path, verdicts, drawn, errors, seed_verdicts)
 
 
 __all__ = ["Report", "run_context", "write_report"]

@@ -37,6 +37,11 @@ class RunResult:
     wall_s: float
     command: str
     error: str | None = None
+    experiment: str = ""
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        self.experiment = self.experiment or self.name
 
     @property
     def ok(self) -> bool:
@@ -79,7 +84,7 @@ def fit_args(
             "--trainer.logger.init_args.group",
             wandb.group,
             "--trainer.logger.init_args.name",
-            experiment.name,
+            experiment.run_name,
             "--trainer.logger.init_args.save_dir",
             str(run_dir),
         ]
@@ -162,7 +167,7 @@ def run_one(
     timeout_s: float | None = None,
 ) -> RunResult:
     """Runs one experiment and records its status; never raises for a failed run."""
-    run_dir = run_dir_of(out_dir, experiment.name)
+    run_dir = run_dir_of(out_dir, experiment.run_name)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").unlink(missing_ok=True)
     args = fit_args(experiment, profile, run_dir, root, wandb, extra)
@@ -180,8 +185,10 @@ def run_one(
     if error and not missing:
         tail = _log_tail(run_dir / "run.log")
         error = f"{error}\n{tail}" if tail else error
+    status = FAILED if error else OK
+    wall_s = time.perf_counter() - start
     result = RunResult(
-        experiment.name, FAILED if error else OK, str(run_dir), time.perf_counter() - start, command, error
+        experiment.run_name, status, str(run_dir), wall_s, command, error, experiment.name, experiment.seed
     )
     (run_dir / "status.json").write_text(json.dumps(asdict(result), indent=2))
     return result
@@ -218,18 +225,21 @@ def load_results(out_dir: Path, experiments: Sequence[Experiment]) -> list[RunRe
     """The recorded results of earlier runs (``status.json``); a run never started counts as failed."""
     results = []
     for experiment in experiments:
-        path = run_dir_of(out_dir, experiment.name) / "status.json"
+        run_dir = run_dir_of(out_dir, experiment.run_name)
+        path = run_dir / "status.json"
         if path.is_file():
             results.append(RunResult(**json.loads(path.read_text())))
         else:
             results.append(
                 RunResult(
-                    experiment.name,
+                    experiment.run_name,
                     FAILED,
-                    str(run_dir_of(out_dir, experiment.name)),
+                    str(run_dir),
                     0.0,
                     "",
                     "not run (no status.json)",
+                    experiment.name,
+                    experiment.seed,
                 )
             )
     return results

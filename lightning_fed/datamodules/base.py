@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -10,7 +11,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
-from lightning_fed.checks import InvalidArgumentError, check_instance, check_int, check_real
+from lightning_fed.checks import InvalidArgumentError, check_choice, check_instance, check_int, check_real
 from lightning_fed.datamodules._splits import RaggedIndex
 from lightning_fed.datamodules.fingerprint import check_fingerprint, layout_fingerprint
 from lightning_fed.datamodules.layout import (
@@ -56,6 +57,12 @@ class FederatedDataModule(LightningDataModule, ABC):
         sharing: Zhao et al.'s data sharing (:class:`~lightning_fed.datamodules.sharing.DataSharing`): a
             class-balanced global set G is held out before partitioning and every client trains on its split
             merged with a seeded α share of G (``client_num_samples`` counts the share). ``None`` shares nothing.
+        evaluation_split: What the test metrics measure. ``"test"`` (the default): the global test set and the
+            clients' test splits. ``"validation"``, for choosing hyperparameters without touching test data: the
+            global "test" set becomes the global validation set (needs ``val_fraction`` > 0), and every client's
+            "test" split is held out from its *training* split, with the same ``client_test_fraction`` or
+            ``client_test_size``; the clients' real test splits and the test set are then never evaluated. Metric
+            names stay ``*/test_*`` so that one selection rule reads both modes.
     """
 
     num_classes: int
@@ -71,6 +78,7 @@ class FederatedDataModule(LightningDataModule, ABC):
         num_workers: int = 0,
         seed: int = 0,
         sharing: DataSharing | None = None,
+        evaluation_split: Literal["test", "validation"] = "test",
     ) -> None:
         super().__init__()
         check_instance("partitioner", partitioner, Partitioner, "a Partitioner, e.g. IidPartitioner(num_partitions=10)")
@@ -90,6 +98,13 @@ class FederatedDataModule(LightningDataModule, ABC):
         check_int("seed", seed)
         check_instance("sharing", sharing, (DataSharing, type(None)), "a DataSharing or None")
         check_int("num_classes", getattr(self, "num_classes", None), minimum=1)
+        self.evaluation_split = check_choice("evaluation_split", evaluation_split, ("test", "validation"))
+        if evaluation_split == "validation" and val_fraction == 0:
+            raise InvalidArgumentError(
+                "val_fraction",
+                val_fraction,
+                "> 0 with evaluation_split='validation': the global validation set stands in for the test set",
+            )
         self.partitioner = partitioner
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
@@ -135,8 +150,14 @@ class FederatedDataModule(LightningDataModule, ABC):
         )
         partitions = assign_partitions(self.partitioner, labels, natural_ids, pool)
         clients, tests, source = self._client_test_split(partitions, labels, train, test)
-        check_no_empty_client(clients, self.partitioner)
         test_indices = None
+        if self.evaluation_split == "validation":
+            # Hold the clients' validation splits out of what they train on; their test splits stay unused.
+            clients, tests = hold_out_client_tests(
+                clients, labels, self.client_test_fraction, self.client_test_size, derive_seed(self.seed, "tuning")
+            )
+            source, test, test_indices = train, train, val
+        check_no_empty_client(clients, self.partitioner)
         if test is None:
             if tests.flat.numel() == 0:
                 raise ValueError(

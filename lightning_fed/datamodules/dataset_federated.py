@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from torch.utils.data import Dataset
 from typing_extensions import override
 
@@ -20,7 +22,7 @@ class DatasetFederated(FederatedDataModule):
         test_dataset: Global test set; ``None`` uses the union of the client test splits.
         num_classes: Number of classes.
         partitioner, batch_size, eval_batch_size, client_test_fraction, client_test_size, val_fraction,
-        num_workers, seed, sharing: As in :class:`FederatedDataModule`.
+        num_workers, seed, sharing, evaluation_split: As in :class:`FederatedDataModule`.
     """
 
     def __init__(
@@ -37,6 +39,7 @@ class DatasetFederated(FederatedDataModule):
         num_workers: int = 0,
         seed: int = 0,
         sharing: DataSharing | None = None,
+        evaluation_split: Literal["test", "validation"] = "test",
     ) -> None:
         check_instance("train_dataset", train_dataset, Dataset, "a map-style torch Dataset of (input, label) pairs")
         check_instance("test_dataset", test_dataset, (Dataset, type(None)), "a map-style torch Dataset or None")
@@ -51,6 +54,7 @@ class DatasetFederated(FederatedDataModule):
             num_workers,
             seed,
             sharing,
+            evaluation_split,
         )
         self.train_dataset = train_dataset
         self.test_dataset = test_dataset

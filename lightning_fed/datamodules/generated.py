@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Literal
 
 import numpy as np
 import torch
@@ -41,7 +42,7 @@ class MNIST1DFederated(FederatedDataModule):
         partitioner: Splits the training set among clients.
         num_samples: Examples generated in total (train + test); a multiple of 10 keeps classes balanced.
         batch_size, eval_batch_size, client_test_fraction, client_test_size, val_fraction, num_workers, seed,
-            sharing: As in :class:`FederatedDataModule`; ``seed`` also seeds the generator.
+            sharing, evaluation_split: As in :class:`FederatedDataModule`; ``seed`` also seeds the generator.
     """
 
     num_classes = 10
@@ -58,6 +59,7 @@ class MNIST1DFederated(FederatedDataModule):
         num_workers: int = 0,
         seed: int = 0,
         sharing: DataSharing | None = None,
+        evaluation_split: Literal["test", "validation"] = "test",
     ) -> None:
         # mnist1d draws num_samples // 10 examples per class and keeps 80 % for training.
         check_int("num_samples", num_samples, minimum=20)
@@ -71,6 +73,7 @@ class MNIST1DFederated(FederatedDataModule):
             num_workers,
             seed,
             sharing,
+            evaluation_split,
         )
         self.num_samples = num_samples
 
@@ -148,8 +151,8 @@ class SyntheticFederated(FederatedDataModule):
         num_classes: Number of classes.
         iid: Draw every client from the same model and input distribution (Synthetic-IID).
         seed: Seed of the generator and of the holdout draws.
-        batch_size, eval_batch_size, client_test_fraction, client_test_size, val_fraction, num_workers, sharing: As
-            in :class:`FederatedDataModule`.
+        batch_size, eval_batch_size, client_test_fraction, client_test_size, val_fraction, num_workers, sharing,
+            evaluation_split: As in :class:`FederatedDataModule`.
     """
 
     num_classes = 10
@@ -170,6 +173,7 @@ class SyntheticFederated(FederatedDataModule):
         val_fraction: float = 0.0,
         num_workers: int = 0,
         sharing: DataSharing | None = None,
+        evaluation_split: Literal["test", "validation"] = "test",
     ) -> None:
         check_real("alpha", alpha, minimum=0.0)
         check_real("beta", beta, minimum=0.0)
@@ -193,6 +197,7 @@ class SyntheticFederated(FederatedDataModule):
             num_workers,
             seed,
             sharing,
+            evaluation_split,
         )
         self.alpha, self.beta, self.dimension, self.iid = float(alpha), float(beta), dimension, iid
         self._client_of_example: Tensor | None = None

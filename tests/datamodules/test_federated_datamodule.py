@@ -376,3 +376,31 @@ def test_dataset_federated_is_still_importable_from_base():
     from lightning_fed.datamodules.base import DatasetFederated as FromBase
 
     assert FromBase is DatasetFederated
+
+
+def test_validation_mode_evaluates_held_out_training_data_and_never_the_test_data():
+    as_test = _datamodule(val_fraction=0.1, client_test_fraction=0.25)
+    tuning = _datamodule(val_fraction=0.1, client_test_fraction=0.25, evaluation_split="validation")
+    as_test.setup()
+    tuning.setup()
+    # The global "test" set is the validation carve of the training data, not the test dataset.
+    assert torch.equal(_served(tuning.test_dataloader()), _served(as_test.val_dataloader()))
+    real_client_tests = torch.cat([_served(as_test.client_test_dataloader(c)) for c in as_test.client_ids()])
+    for client in tuning.client_ids():
+        train = _served(tuning.client_dataloader(client, seed=0))
+        validation = _served(tuning.client_test_dataloader(client))
+        # The client's validation split comes out of what it trained on in test mode, with the same fraction ...
+        original_train = _served(as_test.client_dataloader(client, seed=0))
+        assert set(validation.tolist()) | set(train.tolist()) == set(original_train.tolist())
+        assert not set(validation.tolist()) & set(train.tolist())
+        assert validation.numel() == round(original_train.numel() * 0.25)
+        # ... and no client's real test example is evaluated or trained on.
+        assert not set(validation.tolist()) & set(real_client_tests.tolist())
+        assert not set(train.tolist()) & set(real_client_tests.tolist())
+
+
+def test_validation_mode_needs_a_validation_set():
+    with pytest.raises(ValueError, match="val_fraction.*evaluation_split='validation'"):
+        _datamodule(evaluation_split="validation")
+    with pytest.raises(ValueError, match="evaluation_split"):
+        _datamodule(val_fraction=0.1, evaluation_split="val")

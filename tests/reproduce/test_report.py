@@ -6,7 +6,7 @@ from pathlib import Path
 from benchmarks.reproduce.claims import NO_VERDICT, claims_for
 from benchmarks.reproduce.experiments import EXPERIMENTS
 from benchmarks.reproduce.report import run_context, write_report
-from benchmarks.reproduce.rules import PARTLY, REPRODUCED
+from benchmarks.reproduce.rules import NOT, PARTLY, REPRODUCED
 from benchmarks.reproduce.runner import FAILED, OK, RunResult, run_one
 
 
@@ -155,3 +155,32 @@ def test_baseline_claim_without_any_baseline_gives_no_verdict(tmp_path):
     assert report.verdicts["baselines_fedamp"].verdict == NO_VERDICT
     assert "no baseline run succeeded" in report.verdicts["baselines_fedamp"].ours
     assert report.path.read_text().count("**FAILED**") == 3
+
+
+def _seeded_run(tmp_path: Path, name: str, seed: int, accuracies: list[float]) -> RunResult:
+    result = _ok_run(tmp_path, f"{name}.seed{seed}", accuracies)
+    return RunResult(result.name, OK, result.run_dir, 1.0, result.command, None, name, seed)
+
+
+def test_the_verdict_is_judged_on_the_seeds_mean_with_each_seed_beside_it(tmp_path):
+    claims = claims_for(["7"])
+    results = [
+        # Seed 0: FedGG reaches FedAvg's final 0.5 at round 2 of 4 (2x); seed 1: never (FedAvg ends at 0.7).
+        _seeded_run(tmp_path, "fedgg_paper_beta01", 0, [0.3, 0.5, 0.55, 0.6]),
+        _seeded_run(tmp_path, "fedavg_fedgg_beta01", 0, [0.2, 0.3, 0.4, 0.5]),
+        _seeded_run(tmp_path, "fedgg_paper_beta01", 1, [0.3, 0.4, 0.5, 0.6]),
+        _seeded_run(tmp_path, "fedavg_fedgg_beta01", 1, [0.2, 0.5, 0.6, 0.7]),
+    ]
+    report = write_report(tmp_path, "small", claims, results, {})
+
+    # Means: FedGG 0.3, 0.45, 0.525, 0.6; FedAvg 0.2, 0.4, 0.5, 0.6 -> FedAvg's final 0.6 reached at round 4 by both.
+    assert report.verdicts["fedgg_rounds"].verdict == NOT
+    assert "1.00×" in report.verdicts["fedgg_rounds"].ours
+    assert report.seed_verdicts[0]["fedgg_rounds"].verdict == REPRODUCED
+    assert report.seed_verdicts[1]["fedgg_rounds"].verdict == NOT
+    text = report.path.read_text()
+    assert "## Per seed" in text
+    assert "| fedgg_paper_beta01 | 2 | 60.0 ± 0.0 (60.0, 60.0) | – |" in text
+    assert "| fedavg_fedgg_beta01 | 2 | 60.0 ± 10.0 (50.0, 70.0) | – |" in text
+    payload = json.loads((tmp_path / "reproduction.json").read_text())
+    assert payload["claims"][0]["per_seed"] == {"0": REPRODUCED, "1": NOT}

@@ -58,7 +58,9 @@ def test_lightning_fed_reproduce_dispatches_before_lightning_cli(monkeypatch, ca
         cli.main()
     assert exit_info.value.code == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and all(line.startswith("lightning-fed fit --config configs/experiments/") for line in lines)
+    # Claim 5 reads two runs, each under the small profile's three seeds.
+    assert len(lines) == 6 and all(line.startswith("lightning-fed fit --config configs/experiments/") for line in lines)
+    assert sorted(line.split("--seed_everything ")[1].split()[0] for line in lines) == ["0", "0", "1", "1", "2", "2"]
     assert "--trainer.logger lightning_fed.loggers.WandbLogger" in lines[0]
     assert not (tmp_path / "runs").exists(), "--list must not start any run"
 
