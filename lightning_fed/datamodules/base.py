@@ -59,10 +59,11 @@ class FederatedDataModule(LightningDataModule, ABC):
             merged with a seeded α share of G (``client_num_samples`` counts the share). ``None`` shares nothing.
         evaluation_split: What the test metrics measure. ``"test"`` (the default): the global test set and the
             clients' test splits. ``"validation"``, for choosing hyperparameters without touching test data: the
-            global "test" set becomes the global validation set (needs ``val_fraction`` > 0), and every client's
-            "test" split is held out from its *training* split, with the same ``client_test_fraction`` or
-            ``client_test_size``; the clients' real test splits and the test set are then never evaluated. Metric
-            names stay ``*/test_*`` so that one selection rule reads both modes.
+            global "test" set becomes the global validation set (needs ``val_fraction`` > 0; a seeded subset of it
+            when it is larger than the test set), and every client's "test" split is held out from its *training*
+            split, with the same ``client_test_fraction`` or ``client_test_size``; the clients' real test splits
+            and the test set are then never evaluated. Metric names stay ``*/test_*`` so that one selection rule
+            reads both modes.
     """
 
     num_classes: int
@@ -156,7 +157,7 @@ class FederatedDataModule(LightningDataModule, ABC):
             clients, tests = hold_out_client_tests(
                 clients, labels, self.client_test_fraction, self.client_test_size, derive_seed(self.seed, "tuning")
             )
-            source, test, test_indices = train, train, val
+            source, test, test_indices = train, train, self._no_larger_than_test(val, test)
         check_no_empty_client(clients, self.partitioner)
         if test is None:
             if tests.flat.numel() == 0:
@@ -168,6 +169,18 @@ class FederatedDataModule(LightningDataModule, ABC):
         digest = layout_fingerprint(labels, clients, tests, val, self.sharing, shared, shares)
         check_fingerprint(digest, self._expected_fingerprint, self.partitioner, self.sharing)
         self._layout = Layout(train, labels, val, clients, tests, source, test, test_indices, digest, shared, shares)
+
+    def _no_larger_than_test(self, val: Tensor, test: Dataset | None) -> Tensor:
+        """``val``, or a seeded subset of it as large as the test set, so a tuning run evaluates no more than a run.
+
+        Presets that train on a subset hold the rest out as a large validation set; evaluating all of it every
+        round would make tuning runs several times slower than the runs they tune.
+        """
+        size = len(test) if test is not None and hasattr(test, "__len__") else val.numel()
+        if val.numel() <= size:
+            return val
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, "tuning", "global"))
+        return val[torch.randperm(val.numel(), generator=generator)[:size]].sort().values
 
     def _client_test_split(
         self, partitions: RaggedIndex, labels: Tensor, train: Dataset, test: Dataset | None

@@ -404,3 +404,12 @@ def test_validation_mode_needs_a_validation_set():
         _datamodule(evaluation_split="validation")
     with pytest.raises(ValueError, match="evaluation_split"):
         _datamodule(val_fraction=0.1, evaluation_split="val")
+
+
+def test_validation_mode_evaluates_no_more_examples_than_the_test_set():
+    # 100 test examples; a 50 % validation holdout of 1000 is subsampled to 100, without repeats.
+    tuning = _datamodule(val_fraction=0.5, evaluation_split="validation")
+    tuning.setup()
+    served = _served(tuning.test_dataloader())
+    assert served.numel() == 100 == served.unique().numel()
+    assert set(served.tolist()) <= set(_served(tuning.val_dataloader()).tolist())
