@@ -8,6 +8,7 @@ Examples::
     lightning-fed reproduce --profile small --runs zhao_iid       # rerun one run (then --report-only for all)
     lightning-fed reproduce --profile small --report-only         # redraw the report from finished runs
     lightning-fed reproduce --profile small --list                # the runs and their exact commands
+    lightning-fed reproduce --profile small --tune                # the hyperparameter search, on validation data
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.reproduce.claims import claims_for, experiments_of
-from benchmarks.reproduce.experiments import DEFAULT_SEEDS, PROFILES, experiments_for, seeded
+from benchmarks.reproduce.experiments import DEFAULT_SEEDS, PROFILES, Experiment, experiments_for, seeded
 from benchmarks.reproduce.report import run_context, write_report
 from benchmarks.reproduce.runner import (
     RunResult,
@@ -31,6 +32,7 @@ from benchmarks.reproduce.runner import (
     run_dir_of,
     shown_command,
 )
+from benchmarks.reproduce.tuning import collect, tuning_runs, write_tuning_report
 
 #: The repository checkout that holds this suite and its ``configs/``.
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -93,6 +95,12 @@ def _parser() -> argparse.ArgumentParser:
         "--report-only", action="store_true", help="write the report from the runs already in --out-dir"
     )
     parser.add_argument("--list", action="store_true", help="print the runs' commands and exit")
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="run the hyperparameter search of the chosen claims' methods on validation data (same budget for "
+        "every method) and write <out-dir>/tune/TUNING.md, instead of the claims' runs",
+    )
     return parser
 
 
@@ -118,6 +126,48 @@ def _context(args: argparse.Namespace, argv: list[str], results: list[RunResult]
     return run_context(command, wall_s, how)
 
 
+def _tune(
+    args: argparse.Namespace,
+    argv: list[str],
+    experiments: list[Experiment],
+    out_dir: Path,
+    root: Path,
+    wandb: WandbOptions | None,
+) -> int:
+    """Runs (or, with ``--report-only``, reads) every tuning run of ``experiments`` and writes ``TUNING.md``."""
+    searches = tuning_runs(experiments, root, out_dir)
+    runs = [run for group in searches.values() for run in group]
+    if args.list:
+        for run in runs:
+            print(shown_command(fit_args(run, args.profile, run_dir_of(out_dir, run.run_name), root, wandb), root))
+        return 0
+    start = time.perf_counter()
+    if args.report_only:
+        results = load_results(out_dir, runs)
+    else:
+        print(f"[reproduce] tuning: {len(runs)} runs for {len(searches)} methods -> {out_dir}", flush=True)
+        results = run_all(
+            runs,
+            args.profile,
+            out_dir,
+            root,
+            workers=args.workers,
+            in_process=args.in_process,
+            on_done=_print_progress(len(runs)),
+            wandb=wandb,
+            extra=args.override,
+            threads=args.threads,
+            timeout_s=args.timeout,
+        )
+    outcome = [collect(name, results) for name in searches]
+    path = write_tuning_report(out_dir, outcome, _context(args, argv, results, time.perf_counter() - start))
+    for search in outcome:
+        chosen = "none (every run failed)" if search.chosen is None else dict(search.settings[search.chosen])
+        print(f"[reproduce] {search.run}: chosen {chosen}")
+    print(f"[reproduce] tuning report: {path}")
+    return 1 if any(not result.ok for result in results) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the chosen claims' experiments and writes the report; returns 1 when a run failed, else 0."""
     argv = sys.argv[1:] if argv is None else argv
@@ -131,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     experiments = seeded(chosen, tuple(args.seeds or DEFAULT_SEEDS[args.profile]))
     out_dir = (args.out_dir or Path("runs") / "reproduce" / args.profile).resolve()
     wandb = None if args.no_wandb else WandbOptions(args.wandb_project, args.profile)
+    if args.tune:
+        return _tune(args, argv, chosen, out_dir / "tune", root, wandb)
     if args.list:
         for run in experiments:
             print(

@@ -1,0 +1,279 @@
+"""``lightning-fed reproduce --tune``: the same hyperparameter search for every method, chosen on validation data.
+
+Every method of a comparison, baselines included, gets :data:`BUDGET` settings: its own hyperparameters (FedAMP's
+σ and λ/α_k, FedProx's μ, FedCurv's λ, rFedAvg's λ, FedGG's μ, q-FedAvg's q, APFL's α, the fine-tuning epochs)
+crossed with two learning rates, or six learning rates for a method that has no hyperparameter of its own (FedAvg,
+Separate, SCAFFOLD). A tuning run is its preset with one setting and ``evaluation_split: validation``: it is
+evaluated on a validation set carved from the training data (the global one, and per client a holdout of its own
+training split), never on test data. The setting whose validation score is highest is chosen, with the claim's
+own metric: BMTA for the personalised comparisons, the mean of the last five rounds' global accuracy otherwise.
+Tuning uses one seed (0) and the ``small`` profile's rounds.
+
+The chosen settings are then written into the presets by hand, with the search's table (``TUNING.md``) beside
+them, so that a reader sees what was searched and what won.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.reproduce import measures
+from benchmarks.reproduce.claims import GLOBAL_ACC
+from benchmarks.reproduce.experiments import Experiment
+from benchmarks.reproduce.measures import MissingMetricError, Summary
+from benchmarks.reproduce.runner import RunResult
+
+#: Settings per method: every method gets the same number.
+BUDGET = 6
+
+#: One setting: a parameter path to its value. Paths: ``lr`` (the module's learning rate), ``<Callback>.<arg>`` (a
+#: callback of the preset, by class name), ``aggregator.<arg>``.
+Setting = Mapping[str, Any]
+
+_PERSONALIZED_PREFIXES = ("pathological_", "practical_")
+
+
+def _grid(**axes: Sequence[Any]) -> tuple[Setting, ...]:
+    """The product of the axes, first axis outermost."""
+    names = list(axes)
+    return tuple(dict(zip(names, values, strict=True)) for values in itertools.product(*axes.values()))
+
+
+#: FedAMP's proximal strength λ/α_k: weak, balanced, and √50 (its Theorem 2 setting α_k = λ/√K for K = 50).
+_PROX_RATIOS = (0.1, 1.0, 7.07)
+
+
+def _fedamp() -> tuple[Setting, ...]:
+    """σ ∈ {0.05, 0.5} crossed with λ/α_k; α_k = σ/19 follows σ (the largest step keeping ξ_ii ≥ 0 for 20 clients)."""
+    return tuple(
+        {"FedAMP.sigma": sigma, "FedAMP.alpha_k": sigma / 19, "FedAMP.lam": round(ratio * sigma / 19, 6)}
+        for sigma in (0.05, 0.5)
+        for ratio in _PROX_RATIOS
+    )
+
+
+def _heurfedamp(alpha_k: float = 0.1414) -> tuple[Setting, ...]:
+    """The self-weight ∈ {0.5, 0.8} crossed with λ/α_k, at the preset's α_k."""
+    return tuple(
+        {"HeurFedAMP.self_weight": weight, "HeurFedAMP.lam": round(ratio * alpha_k, 6)}
+        for weight in (0.5, 0.8)
+        for ratio in _PROX_RATIOS
+    )
+
+
+_PERSONAL_LRS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2)
+
+
+def _personalized(split: str) -> dict[str, tuple[Setting, ...]]:
+    return {
+        f"{split}_fedamp": _fedamp(),
+        f"{split}_heurfedamp": _heurfedamp(),
+        f"{split}_separate": _grid(lr=_PERSONAL_LRS),
+        f"{split}_fedavg": _grid(lr=_PERSONAL_LRS),
+        f"{split}_apfl": _grid(**{"APFL.alpha": (0.25, 0.5, 0.75), "APFL.learn_alpha": (True, False)}),
+        f"{split}_fedavg_ft": _grid(**{"FineTune.epochs": (1, 2, 5), "lr": (0.02, 0.05)}),
+        f"{split}_fedprox_ft": _grid(**{"FedProx.mu": (0.01, 0.1, 1.0), "FineTune.epochs": (1, 5)}),
+    }
+
+
+#: The search of every tunable run (the Zhao runs study FedAvg under a data setting and have nothing to choose).
+SEARCHES: dict[str, tuple[Setting, ...]] = {
+    **_personalized("pathological"),
+    **_personalized("practical"),
+    "fedcurv_paper": _grid(**{"FedCurv.lam": (0.01, 0.1, 1.0), "lr": (0.025, 0.05)}),
+    "fedavg_fedcurv": _grid(lr=(0.0125, 0.025, 0.05, 0.1, 0.15, 0.2)),
+    "rfedavg_paper_sim0": _grid(**{"RFedAvg.lam": (1e-5, 1e-4, 1e-3), "lr": (0.05, 0.1)}),
+    "fedavg_rfedavg_sim0": _grid(lr=(0.025, 0.05, 0.075, 0.1, 0.15, 0.2)),
+    "fedprox_rfedavg_sim0": _grid(**{"FedProx.mu": (0.001, 0.01, 0.1), "lr": (0.05, 0.1)}),
+    "scaffold_rfedavg_sim0": _grid(lr=(0.0125, 0.025, 0.05, 0.075, 0.1, 0.15)),
+    "qfedavg_rfedavg_sim0": _grid(**{"aggregator.q": (0.1, 1.0, 5.0), "lr": (0.05, 0.1)}),
+    "fedgg_paper_beta01": _grid(**{"FedGG.mu": (0.001, 0.01, 0.1), "lr": (0.005, 0.01)}),
+    "fedavg_fedgg_beta01": _grid(lr=(0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02)),
+    "fedprox_fedgg_beta01": _grid(**{"FedProx.mu": (0.001, 0.01, 0.1), "lr": (0.005, 0.01)}),
+    "scaffold_fedgg_beta01": _grid(lr=(0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02)),
+}
+
+
+def selection_metric(run: str) -> Callable[[Summary], float]:
+    """The validation score a setting is chosen by: the claim's own metric."""
+    if run.startswith(_PERSONALIZED_PREFIXES):
+        return measures.bmta
+    return lambda summary: measures.tail_mean(summary, GLOBAL_ACC)
+
+
+def compose(root: Path, configs: Sequence[str]) -> dict[str, Any]:
+    """The YAML files merged as LightningCLI composes ``--config`` files: later keys win, lists are replaced, and a
+    new ``class_path`` replaces the old class with its arguments."""
+
+    def merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+        for key, value in update.items():
+            old = base.get(key)
+            mergeable = isinstance(value, Mapping) and isinstance(old, dict)
+            if mergeable and old.get("class_path") in (None, value.get("class_path")):
+                merge(base[key], value)
+            else:
+                base[key] = copy.deepcopy(value)
+        return base
+
+    composed: dict[str, Any] = {}
+    for config in configs:
+        merge(composed, yaml.safe_load((root / config).read_text()) or {})
+    return composed
+
+
+def _callback(callbacks: list[dict[str, Any]], name: str, run: str) -> dict[str, Any]:
+    for callback in callbacks:
+        if callback.get("class_path", "").rsplit(".", 1)[-1] == name:
+            return callback
+    raise ValueError(f"the search of {run!r} sets {name} arguments, but its preset has no {name} callback")
+
+
+def setting_overrides(composed: Mapping[str, Any], setting: Setting, run: str) -> dict[str, Any]:
+    """The YAML that applies ``setting`` on top of the preset: each section it touches, whole (lists replace)."""
+    trainer = composed.get("trainer", {})
+    model = copy.deepcopy(composed["model"])
+    callbacks = copy.deepcopy(trainer.get("callbacks", []))
+    aggregator = copy.deepcopy(trainer.get("aggregator", {}))
+    touched: set[str] = set()
+    for path, value in setting.items():
+        owner, _, argument = path.rpartition(".")
+        if not owner:
+            model.setdefault("init_args", {})[argument] = value
+            touched.add("model")
+        elif owner == "aggregator":
+            aggregator.setdefault("init_args", {})[argument] = value
+            touched.add("aggregator")
+        else:
+            _callback(callbacks, owner, run).setdefault("init_args", {})[argument] = value
+            touched.add("callbacks")
+    overrides: dict[str, Any] = {"model": model} if "model" in touched else {}
+    trainer_overrides = {
+        **({"callbacks": callbacks} if "callbacks" in touched else {}),
+        **({"aggregator": aggregator} if "aggregator" in touched else {}),
+    }
+    if trainer_overrides:
+        overrides["trainer"] = trainer_overrides
+    return overrides
+
+
+def _validation_args(composed: Mapping[str, Any]) -> tuple[str, ...]:
+    data_args = composed.get("data", {}).get("init_args", {})
+    args: tuple[str, ...] = ("--data.init_args.evaluation_split", "validation")
+    if not data_args.get("val_fraction"):
+        args += ("--data.init_args.val_fraction", "0.1")
+    return args
+
+
+def tuning_runs(experiments: Sequence[Experiment], root: Path, out_dir: Path) -> dict[str, list[Experiment]]:
+    """Run name -> one tuning run per setting of its search, each with its settings YAML written under ``out_dir``.
+
+    Runs without a search are left out.
+    """
+    settings_dir = out_dir / "settings"
+    settings_dir.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[Experiment]] = {}
+    for experiment in experiments:
+        search = SEARCHES.get(experiment.name)
+        if search is None:
+            continue
+        composed = compose(root, experiment.configs)
+        for index, setting in enumerate(search):
+            path = settings_dir / f"{experiment.name}__t{index}.yaml"
+            path.write_text(yaml.safe_dump(setting_overrides(composed, setting, experiment.name), sort_keys=False))
+            runs.setdefault(experiment.name, []).append(
+                replace(
+                    experiment,
+                    name=f"{experiment.name}__t{index}",
+                    configs=(*experiment.configs, str(path)),
+                    args=(*experiment.args, *_validation_args(composed)),
+                    seed=0,
+                )
+            )
+    return runs
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """One run's search: each setting's validation score (``None`` when its run failed) and the chosen index."""
+
+    run: str
+    settings: tuple[Setting, ...]
+    scores: tuple[float | None, ...]
+
+    @property
+    def chosen(self) -> int | None:
+        scored = [(score, index) for index, score in enumerate(self.scores) if score is not None]
+        return max(scored, key=lambda pair: (pair[0], -pair[1]))[1] if scored else None
+
+
+def collect(run: str, results: Sequence[RunResult]) -> SearchResult:
+    """The scores of ``run``'s tuning runs, in search order."""
+    by_name = {result.experiment: result for result in results}
+    metric = selection_metric(run)
+    scores: list[float | None] = []
+    for index in range(len(SEARCHES[run])):
+        result = by_name.get(f"{run}__t{index}")
+        try:
+            scores.append(metric(result.summary()) if result is not None and result.ok else None)
+        except MissingMetricError:
+            scores.append(None)
+    return SearchResult(run, SEARCHES[run], tuple(scores))
+
+
+def _describe(setting: Setting) -> str:
+    return ", ".join(
+        f"{path}={value:g}" if isinstance(value, float) else f"{path}={value}" for path, value in setting.items()
+    )
+
+
+def write_tuning_report(out_dir: Path, searches: Sequence[SearchResult], context: Mapping[str, str]) -> Path:
+    """``TUNING.md`` (one table per run: setting, validation score, the chosen one in bold) and ``tuning.json``."""
+    lines = [
+        "# Hyperparameter search (validation data only)",
+        "",
+        *(f"- {key}: {value}" for key, value in context.items()),
+        f"- budget: {BUDGET} settings per method, seed 0, the small profile's rounds; the score is the claim's metric "
+        "(BMTA, or the last-5-round mean global accuracy) on validation data carved from the training data",
+        "",
+    ]
+    for search in searches:
+        lines += [f"## {search.run}", "", "| setting | validation score, % |", "|---|---|"]
+        for index, (setting, score) in enumerate(zip(search.settings, search.scores, strict=True)):
+            cells = [_describe(setting), "failed" if score is None else f"{100 * score:.2f}"]
+            if index == search.chosen:
+                cells = [f"**{cell}**" for cell in cells]
+            lines.append(f"| {cells[0]} | {cells[1]} |")
+        lines.append("")
+    path = out_dir / "TUNING.md"
+    path.write_text("\n".join(lines) + "\n")
+    payload = {
+        search.run: {
+            "settings": [dict(setting) for setting in search.settings],
+            "scores": list(search.scores),
+            "chosen": None if search.chosen is None else dict(search.settings[search.chosen]),
+        }
+        for search in searches
+    }
+    (out_dir / "tuning.json").write_text(json.dumps({**context, "searches": payload}, indent=2))
+    return path
+
+
+__all__ = [
+    "BUDGET",
+    "SEARCHES",
+    "SearchResult",
+    "collect",
+    "compose",
+    "selection_metric",
+    "setting_overrides",
+    "tuning_runs",
+    "write_tuning_report",
+]

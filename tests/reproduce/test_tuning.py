@@ -1,0 +1,70 @@
+"""The hyperparameter search: the same budget for every method, settings that reach the config, validation data
+only, and the choice of the best validation score."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.reproduce.claims import CLAIMS
+from benchmarks.reproduce.experiments import EXPERIMENTS, experiments_for
+from benchmarks.reproduce.runner import FAILED, OK, RunResult
+from benchmarks.reproduce.tuning import BUDGET, SEARCHES, collect, tuning_runs, write_tuning_report
+from lightning_fed.cli import FederatedCLI
+
+ROOT = Path(__file__).parents[2]
+_ZHAO = ("zhao_",)
+
+
+def test_every_compared_method_is_searched_with_the_same_budget():
+    compared = {name for claim in CLAIMS for name in claim.runs if not name.startswith(_ZHAO)}
+    small = {run.name for run in experiments_for("small")}
+    assert compared & small <= set(SEARCHES), "a method of a claim in the small profile has no search"
+    assert all(len(settings) == BUDGET for settings in SEARCHES.values())
+    assert all(len({tuple(sorted(s.items())) for s in settings}) == BUDGET for settings in SEARCHES.values())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tuning_runs(list(EXPERIMENTS.values()), ROOT, tmp_path_factory.mktemp("tune"))
+
+
+@pytest.mark.parametrize("name", sorted(SEARCHES))
+def test_a_tuning_run_evaluates_on_validation_data_with_its_setting(name, runs, capsys):
+    run = runs[name][-1]
+    args = [str(ROOT / a) if a.endswith(".yaml") and not Path(a).is_absolute() else a for a in run.cli_args("small")]
+    with pytest.raises(SystemExit) as exit_info:
+        FederatedCLI(args=["fit", *args, "--trainer.logger", "false", "--print_config"])
+    assert exit_info.value.code == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "evaluation_split: validation" in printed
+    assert "val_fraction: 0.0\n" not in printed
+    for path, value in SEARCHES[name][-1].items():
+        shown = str(value).lower() if isinstance(value, bool) else value
+        assert f"{path.rsplit('.', 1)[-1]}: {shown}" in printed, path
+
+
+def _result(tmp_path: Path, name: str, accuracies: list[float] | None) -> RunResult:
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    if accuracies is None:
+        return RunResult(name, FAILED, str(run_dir), 1.0, "", "exit code 1", name, 0)
+    history = [{"round": r + 1, "global/test_acc": acc} for r, acc in enumerate(accuracies)]
+    (run_dir / "summary.json").write_text(json.dumps({"history": history}))
+    return RunResult(name, OK, str(run_dir), 1.0, "", None, name, 0)
+
+
+def test_the_best_validation_score_is_chosen_and_a_failed_setting_is_reported(tmp_path):
+    finals = [0.5, 0.7, None, 0.72, 0.6, 0.1]
+    results = [
+        _result(tmp_path, f"fedavg_fedcurv__t{i}", None if acc is None else [0.1] * 5 + [acc] * 5)
+        for i, acc in enumerate(finals)
+    ]
+    search = collect("fedavg_fedcurv", results)
+    assert search.scores[2] is None and search.scores[3] == pytest.approx(0.72)
+    assert search.chosen == 3
+    text = write_tuning_report(tmp_path, [search], {"date": "today"}).read_text()
+    assert "| **lr=0.1** | **72.00** |" in text
+    assert "| lr=0.05 | failed |" in text
+    payload = json.loads((tmp_path / "tuning.json").read_text())
+    assert payload["searches"]["fedavg_fedcurv"]["chosen"] == {"lr": 0.1}
