@@ -101,6 +101,12 @@ def _parser() -> argparse.ArgumentParser:
         help="run the hyperparameter search of the chosen claims' methods on validation data (same budget for "
         "every method) and write <out-dir>/tune/TUNING.md, instead of the claims' runs",
     )
+    parser.add_argument(
+        "--tune-rounds",
+        type=float,
+        default=0.5,
+        help="fraction of each preset's rounds a tuning run trains (default 0.5)",
+    )
     return parser
 
 
@@ -135,7 +141,7 @@ def _tune(
     wandb: WandbOptions | None,
 ) -> int:
     """Runs (or, with ``--report-only``, reads) every tuning run of ``experiments`` and writes ``TUNING.md``."""
-    searches = tuning_runs(experiments, root, out_dir)
+    searches = tuning_runs(experiments, root, out_dir, args.tune_rounds)
     runs = [run for group in searches.values() for run in group]
     if args.list:
         for run in runs:
@@ -160,7 +166,9 @@ def _tune(
             timeout_s=args.timeout,
         )
     outcome = [collect(name, results) for name in searches]
-    path = write_tuning_report(out_dir, outcome, _context(args, argv, results, time.perf_counter() - start))
+    context = _context(args, argv, results, time.perf_counter() - start)
+    context["rounds"] = f"{args.tune_rounds:g} of each preset's rounds (at least 5)"
+    path = write_tuning_report(out_dir, outcome, context)
     for search in outcome:
         chosen = "none (every run failed)" if search.chosen is None else dict(search.settings[search.chosen])
         print(f"[reproduce] {search.run}: chosen {chosen}")

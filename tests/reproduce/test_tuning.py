@@ -9,7 +9,7 @@ import pytest
 from benchmarks.reproduce.claims import CLAIMS
 from benchmarks.reproduce.experiments import EXPERIMENTS, experiments_for
 from benchmarks.reproduce.runner import FAILED, OK, RunResult
-from benchmarks.reproduce.tuning import BUDGET, SEARCHES, collect, tuning_runs, write_tuning_report
+from benchmarks.reproduce.tuning import BUDGET, SEARCHES, collect, compose, tuning_runs, write_tuning_report
 from lightning_fed.cli import FederatedCLI
 
 ROOT = Path(__file__).parents[2]
@@ -38,6 +38,8 @@ def test_a_tuning_run_evaluates_on_validation_data_with_its_setting(name, runs, 
     assert exit_info.value.code == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     assert "evaluation_split: validation" in printed
+    preset_rounds = compose(ROOT, EXPERIMENTS[name].configs)["trainer"]["num_rounds"]
+    assert f"num_rounds: {max(5, round(preset_rounds / 2))}\n" in printed  # half the rounds by default
     assert "val_fraction: 0.0\n" not in printed
     for path, value in SEARCHES[name][-1].items():
         shown = str(value).lower() if isinstance(value, bool) else value
