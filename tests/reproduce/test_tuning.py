@@ -57,7 +57,7 @@ def _result(tmp_path: Path, name: str, accuracies: list[float] | None) -> RunRes
 
 
 def test_the_best_validation_score_is_chosen_and_a_failed_setting_is_reported(tmp_path):
-    finals = [0.5, 0.7, None, 0.72, 0.6, 0.1]
+    finals = [0.5, 0.7, None, 0.72, 0.6, 0.1, 0.3, 0.2, 0.1]
     results = [
         _result(tmp_path, f"fedavg_fedcurv__t{i}", None if acc is None else [0.1] * 5 + [acc] * 5)
         for i, acc in enumerate(finals)
@@ -66,7 +66,7 @@ def test_the_best_validation_score_is_chosen_and_a_failed_setting_is_reported(tm
     assert search.scores[2] is None and search.scores[3] == pytest.approx(0.72)
     assert search.chosen == 3
     text = write_tuning_report(tmp_path, [search], {"date": "today"}).read_text()
-    assert "| **lr=0.1** | **72.00** |" in text
-    assert "| lr=0.05 | failed |" in text
+    assert "| **lr=0.035** | **72.00** |" in text
+    assert "| lr=0.025 | failed |" in text
     payload = json.loads((tmp_path / "tuning.json").read_text())
-    assert payload["searches"]["fedavg_fedcurv"]["chosen"] == {"lr": 0.1}
+    assert payload["searches"]["fedavg_fedcurv"]["chosen"] == {"lr": 0.035}
