@@ -10,14 +10,22 @@ from lightning_fed.cli import FederatedCLI
 CONFIGS = sorted(
     p for p in (Path(__file__).parents[1] / "configs").rglob("*.yaml") if not p.name.endswith(".sweep.yaml")
 )
-# The personalised presets are a split file composed with a method file; a method file alone is not a config.
-PERSONALIZED = Path(__file__).parents[1] / "configs" / "fmnist" / "personalized"
-SPLIT_FILES = {PERSONALIZED / f"{split}.yaml" for split in ("pathological", "practical", "iid")}
+# Composable presets are a setting file followed by a method file; a method file alone is not a config.
+# Each folder of them maps to the setting its method files are checked on, and the setting files themselves.
+CONFIG_ROOT = Path(__file__).parents[1] / "configs"
+PERSONALIZED = CONFIG_ROOT / "fmnist" / "personalized"
+FMNIST_CLAIMS = CONFIG_ROOT / "experiments" / "fmnist"
+COMPOSABLE = {
+    PERSONALIZED: (PERSONALIZED / "pathological.yaml", {"pathological", "practical", "iid"}),
+    FMNIST_CLAIMS: (FMNIST_CLAIMS / "shards_e10.yaml", {"shards_e10", "sim0"}),
+}
 
 
 def config_args(config: Path) -> list[str]:
-    if config.parent == PERSONALIZED and config not in SPLIT_FILES:
-        return ["--config", str(PERSONALIZED / "pathological.yaml"), "--config", str(config)]
+    if config.parent in COMPOSABLE:
+        setting, setting_names = COMPOSABLE[config.parent]
+        if config.stem not in setting_names:
+            return ["--config", str(setting), "--config", str(config)]
     return ["--config", str(config)]
 
 
