@@ -32,7 +32,7 @@ from benchmarks.reproduce.runner import (
     run_dir_of,
     shown_command,
 )
-from benchmarks.reproduce.tuning import collect, tuning_runs, write_tuning_report
+from benchmarks.reproduce.tuning import collect, tuning_runs, write_tuned_presets, write_tuning_report
 
 #: The repository checkout that holds this suite and its ``configs/``.
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -100,6 +100,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the hyperparameter search of the chosen claims' methods on validation data (same budget for "
         "every method) and write <out-dir>/tune/TUNING.md, instead of the claims' runs",
+    )
+    parser.add_argument(
+        "--write-presets",
+        action="store_true",
+        help="with --tune: write each search's chosen setting to configs/tuned/<run>.yaml under --root",
     )
     parser.add_argument(
         "--tune-rounds",
@@ -173,6 +178,9 @@ def _tune(
         chosen = "none (every run failed)" if search.chosen is None else dict(search.settings[search.chosen])
         print(f"[reproduce] {search.run}: chosen {chosen}")
     print(f"[reproduce] tuning report: {path}")
+    if args.write_presets:
+        for preset in write_tuned_presets(experiments, outcome, root, context):
+            print(f"[reproduce] tuned preset: {preset}")
     return 1 if any(not result.ok for result in results) else 0
 
 

@@ -70,6 +70,18 @@ SCALING: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+#: The settings chosen by the hyperparameter search (``lightning-fed reproduce --tune --write-presets``): one file
+#: per run, named after it and composed after its presets, with the search's table in its header.
+TUNED_DIR = "configs/tuned"
+_REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def with_tuned(name: str, configs: tuple[str, ...]) -> tuple[str, ...]:
+    """``configs`` followed by the run's tuned preset, when the search has written one."""
+    tuned = f"{TUNED_DIR}/{name}.yaml"
+    return (*configs, tuned) if (_REPOSITORY / tuned).is_file() else configs
+
+
 @dataclass(frozen=True)
 class Experiment:
     """One run: its YAML files, its sweep value and the profiles it belongs to.
@@ -178,7 +190,8 @@ def _personalized() -> list[Experiment]:
         for method in PERSONALIZED_METHODS:
             profiles = _PERSONALIZED_PROFILES[split].get(method, FULL)
             configs = (f"configs/fmnist/personalized/{split}.yaml", f"configs/fmnist/personalized/{method}.yaml")
-            runs.append(Experiment(f"{split}_{method}", configs, split, profiles=profiles))
+            name = f"{split}_{method}"
+            runs.append(Experiment(name, with_tuned(name, configs), split, profiles=profiles))
     return runs
 
 
@@ -222,7 +235,7 @@ def _global_model_runs() -> list[Experiment]:
     return [
         Experiment(
             name,
-            tuple(f"configs/experiments/{config}" for config in configs),
+            with_tuned(name, tuple(f"configs/experiments/{config}" for config in configs)),
             family,
             profiles=ALL if name in _SMOKE_GLOBAL_RUNS else SMALL_AND_FULL,
         )
@@ -256,7 +269,9 @@ __all__ = [
     "PERSONALIZED_METHODS",
     "PROFILES",
     "SCALING",
+    "TUNED_DIR",
     "Experiment",
     "experiments_for",
     "seeded",
+    "with_tuned",
 ]

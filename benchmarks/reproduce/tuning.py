@@ -29,7 +29,7 @@ import yaml
 
 from benchmarks.reproduce import measures
 from benchmarks.reproduce.claims import GLOBAL_ACC
-from benchmarks.reproduce.experiments import Experiment
+from benchmarks.reproduce.experiments import TUNED_DIR, Experiment
 from benchmarks.reproduce.measures import MissingMetricError, Summary
 from benchmarks.reproduce.runner import RunResult
 
@@ -279,6 +279,58 @@ def write_tuning_report(out_dir: Path, searches: Sequence[SearchResult], context
     return path
 
 
+def tuned_preset_text(experiment: Experiment, search: SearchResult, root: Path, context: Mapping[str, str]) -> str:
+    """The YAML that applies ``search``'s chosen setting to ``experiment``, with the search's table as its header.
+
+    The file is composed after the run's own presets; each section it sets is whole (lists replace), so it pins the
+    searched values and repeats everything else of those sections unchanged.
+    """
+    if search.chosen is None:
+        raise ValueError(f"the search of {search.run!r} has no successful run to choose from")
+    base = [config for config in experiment.configs if not config.startswith(f"{TUNED_DIR}/")]
+    setting = search.settings[search.chosen]
+    overrides = setting_overrides(compose(root, base), setting, search.run)
+    header = [
+        f"{search.run}: the setting chosen by the hyperparameter search on validation data, never test data.",
+        f"Compose after {' '.join(base)}.",
+        f"Chosen: {_describe(setting)}.",
+        f"Search ({BUDGET} settings, seed 0, {context.get('rounds', 'half of the rounds')}, scored by the claim's",
+        "metric on validation data carved from the training data; benchmarks/reproduce/tuning.py):",
+        *(
+            f"  {_describe(candidate)}: {'failed' if score is None else f'{100 * score:.2f} %'}"
+            for candidate, score in zip(search.settings, search.scores, strict=True)
+        ),
+        f"Table written {context.get('date', '')} on {context.get('machine', '')}.",
+        "Written by `lightning-fed reproduce --tune --report-only --write-presets`.",
+    ]
+    body = yaml.safe_dump(overrides, sort_keys=False)
+    return "".join(f"# {line}\n" for line in header) + body
+
+
+def write_tuned_presets(
+    experiments: Sequence[Experiment],
+    searches: Sequence[SearchResult],
+    root: Path,
+    context: Mapping[str, str],
+    out_dir: Path | None = None,
+) -> list[Path]:
+    """Writes ``<run>.yaml`` into ``out_dir`` (default ``root/configs/tuned``) for every search that chose a setting.
+
+    Returns the files written. ``root`` holds the presets the settings are applied to.
+    """
+    by_name = {experiment.name: experiment for experiment in experiments}
+    target = root / TUNED_DIR if out_dir is None else out_dir
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for search in searches:
+        if search.chosen is None:
+            continue
+        path = target / f"{search.run}.yaml"
+        path.write_text(tuned_preset_text(by_name[search.run], search, root, context))
+        written.append(path)
+    return written
+
+
 __all__ = [
     "BUDGET",
     "SEARCHES",
@@ -287,6 +339,8 @@ __all__ = [
     "compose",
     "selection_metric",
     "setting_overrides",
+    "tuned_preset_text",
     "tuning_runs",
+    "write_tuned_presets",
     "write_tuning_report",
 ]

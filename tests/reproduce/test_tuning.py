@@ -7,9 +7,17 @@ from pathlib import Path
 import pytest
 
 from benchmarks.reproduce.claims import CLAIMS
-from benchmarks.reproduce.experiments import EXPERIMENTS, experiments_for
+from benchmarks.reproduce.experiments import EXPERIMENTS, TUNED_DIR, experiments_for
 from benchmarks.reproduce.runner import FAILED, OK, RunResult
-from benchmarks.reproduce.tuning import BUDGET, SEARCHES, collect, compose, tuning_runs, write_tuning_report
+from benchmarks.reproduce.tuning import (
+    BUDGET,
+    SEARCHES,
+    collect,
+    compose,
+    tuning_runs,
+    write_tuned_presets,
+    write_tuning_report,
+)
 from lightning_fed.cli import FederatedCLI
 
 ROOT = Path(__file__).parents[2]
@@ -70,3 +78,27 @@ def test_the_best_validation_score_is_chosen_and_a_failed_setting_is_reported(tm
     assert "| lr=0.025 | failed |" in text
     payload = json.loads((tmp_path / "tuning.json").read_text())
     assert payload["searches"]["fedavg_fedcurv"]["chosen"] == {"lr": 0.035}
+
+
+def test_the_chosen_setting_becomes_a_preset_that_composes_after_the_runs_own(tmp_path, capsys):
+    finals = [0.5, 0.7, 0.6, 0.72, 0.6, 0.1, 0.3, 0.2, 0.1]
+    results = [_result(tmp_path, f"fedavg_fedcurv__t{i}", [acc] * 5) for i, acc in enumerate(finals)]
+    search = collect("fedavg_fedcurv", results)
+    experiment = EXPERIMENTS["fedavg_fedcurv"]
+    (preset,) = write_tuned_presets([experiment], [search], ROOT, {"date": "today"}, out_dir=tmp_path / "tuned")
+    text = preset.read_text()
+    assert preset.name == "fedavg_fedcurv.yaml"
+    assert "# Chosen: lr=0.035." in text and "#   lr=0.025: 60.00 %" in text
+    base = [str(ROOT / c) for c in experiment.configs if not c.startswith(TUNED_DIR)]
+    args = [arg for config in [*base, str(preset)] for arg in ("--config", config)]
+    with pytest.raises(SystemExit) as exit_info:
+        FederatedCLI(args=["fit", *args, "--trainer.logger", "false", "--print_config"])
+    assert exit_info.value.code == 0, capsys.readouterr().err
+    assert "    lr: 0.035\n" in capsys.readouterr().out
+
+
+def test_every_tuned_preset_is_composed_last_by_its_run():
+    presets = sorted((ROOT / TUNED_DIR).glob("*.yaml"))
+    assert presets, "the search's chosen settings are committed under configs/tuned"
+    for preset in presets:
+        assert EXPERIMENTS[preset.stem].configs[-1] == f"{TUNED_DIR}/{preset.name}"
