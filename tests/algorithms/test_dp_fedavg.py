@@ -26,7 +26,9 @@ def _global() -> dict[str, torch.Tensor]:
 
 def _client(global_params, delta_scale: float, seed: int, buffer: float = 1.0) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    params = {n: global_params[n] + torch.randn(global_params[n].shape, generator=generator) * delta_scale for n in PARAMS}
+    params = {
+        n: global_params[n] + torch.randn(global_params[n].shape, generator=generator) * delta_scale for n in PARAMS
+    }
     if "bn.mean" not in global_params:
         return params
     return {**params, "bn.mean": torch.full((2,), buffer), "bn.count": torch.tensor(seed)}
@@ -34,7 +36,7 @@ def _client(global_params, delta_scale: float, seed: int, buffer: float = 1.0) -
 
 def _round(aggregator, global_params, clients, round_idx, client_ids=None):
     client_ids = client_ids or list(range(len(clients)))
-    ctx = RoundContext(round_idx, client_ids, global_params, {c: 10 for c in client_ids}, ClientStateStore())
+    ctx = RoundContext(round_idx, client_ids, global_params, dict.fromkeys(client_ids, 10), ClientStateStore())
     aggregator.reset(global_params, ctx)
     for cid, params in zip(client_ids, clients):
         if params is not None:  # None: a rejected client, never handed to the aggregator
@@ -229,7 +231,9 @@ def test_accounting_refuses_callbacks_that_send_client_data_to_the_server(tmp_pa
     with pytest.raises(InvalidArgumentError, match="`trainer.callbacks`"):
         trainer.fit(BoringClassifier(), datamodule=make_datamodule())
     # Without accounting the same combination trains.
-    trainer = fast_trainer(tmp_path, aggregator=DPFedAvg(noise_multiplier=0.1, delta=None), callbacks=[FedCurv(lam=0.1)])
+    trainer = fast_trainer(
+        tmp_path, aggregator=DPFedAvg(noise_multiplier=0.1, delta=None), callbacks=[FedCurv(lam=0.1)]
+    )
     trainer.fit(BoringClassifier(), datamodule=make_datamodule())
 
 
