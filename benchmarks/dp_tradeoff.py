@@ -4,7 +4,7 @@ Runs the preset ``configs/privacy/dp_fedavg_z1.0.yaml`` (or ``--config``) once p
 ``lightning-fed fit`` after another, with only ``noise_multiplier`` changed (``z = 0`` clips without noise and
 without accounting, ``delta=None``), and prints a Markdown table read from each run's ``summary.json``::
 
-    python benchmarks/dp_tradeoff.py                          # z in {0, 0.3, 0.7, 1.0}, the preset's 30 rounds
+    python benchmarks/dp_tradeoff.py                          # z in {0, 0.3, 0.7, 1.0}, the preset's 20 rounds
     python benchmarks/dp_tradeoff.py --noise 0 1.0 --rounds 5 # a quick look
 
 Run it from the repository root; the runs go under ``--root`` (default ``runs/dp_tradeoff``).

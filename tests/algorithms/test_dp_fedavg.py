@@ -241,3 +241,25 @@ def test_resume_is_bit_identical(tmp_path):
     kwargs = '{"noise_multiplier": 1.0, "clip_norm": 0.3, "adaptive_clipping": true, "clipped_count_stddev": 1.0}'
     result = assert_resume_bit_identical(tmp_path, "--aggregator", f"lightning_fed.aggregators.DPFedAvg={kwargs}")
     assert result["aggregator_state"]["rounds"] == 4 and result["aggregator_state"]["clip_norm"] != 0.3
+
+
+def test_accounting_refuses_a_sampler_it_does_not_assume():
+    from types import SimpleNamespace
+
+    from lightning_fed.sampling import UniformClientSampler
+
+    class OtherSampler(UniformClientSampler):
+        pass
+
+    trainer = SimpleNamespace(sampler=OtherSampler(2), callbacks=[])
+    with pytest.raises(InvalidArgumentError, match="`trainer.sampler`"):
+        DPFedAvg().setup(trainer)
+    DPFedAvg(delta=None, noise_multiplier=0.0).setup(
+        SimpleNamespace(
+            sampler=OtherSampler(2),
+            callbacks=[],
+            datamodule=SimpleNamespace(num_clients=4),
+            federation_state=SimpleNamespace(seed=0),
+            lightning_module=BoringClassifier(),
+        )
+    )
