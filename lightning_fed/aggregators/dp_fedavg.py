@@ -34,15 +34,16 @@ class DPFedAvg(Aggregator):
     Clipping", NeurIPS 2021, arXiv:1905.03871, Algorithm 1 (adaptive clipping).
 
     .. math::
-        w_g \leftarrow w_g + \frac{\eta_s}{m}\Big(\sum_{k \in S} \Delta_k \min\big(1, S / \lVert\Delta_k\rVert_2\big)
-        + \mathcal{N}(0, \sigma_\Delta^2 S^2 I)\Big), \qquad \Delta_k = w_k - w_g
+        w_g \leftarrow w_g + \frac{\eta_s}{m}\Big(\sum_{k \in \mathcal{S}_t}
+        \Delta_k \min\big(1, S / \lVert\Delta_k\rVert_2\big) + \mathcal{N}(0, \sigma_\Delta^2 S^2 I)\Big),
+        \qquad \Delta_k = w_k - w_g
 
-    with :math:`\sigma_\Delta = z` for a fixed clip norm. With ``adaptive_clipping`` the clip norm follows
-    :math:`S \leftarrow S \exp(-\eta_S(\tilde b - \gamma))`, where :math:`\tilde b` is the fraction of clients whose
-    update was *not* clipped, noised with :math:`\mathcal{N}(0, \sigma_b^2)` before dividing by :math:`m`, and
+    over the round's accepted clients :math:`\mathcal{S}_t`, with :math:`\sigma_\Delta = z` for a fixed clip norm.
+    With ``adaptive_clipping`` the clip norm follows :math:`S \leftarrow S \exp(-\eta_S(\tilde b - \gamma))`, where
+    :math:`\tilde b` is the fraction of clients whose update was *not* clipped, noised with
+    :math:`\mathcal{N}(0, \sigma_b^2)` before dividing by :math:`m`, and
     :math:`\sigma_\Delta = (z^{-2} - (2\sigma_b)^{-2})^{-1/2}` so that both releases together cost what one Gaussian
     release with multiplier :math:`z` costs (see :mod:`lightning_fed.functional.dp`).
-
     Conventions:
         * :math:`\Delta_k` covers every floating-point **parameter** as one vector. Floating-point buffers (BatchNorm
           running statistics) are averaged uniformly over the accepted clients **without clipping or noise**, so
@@ -60,9 +61,9 @@ class DPFedAvg(Aggregator):
         * Accounting (``delta`` set): ε at ``delta`` after each round, by ``dp-accounting``'s RDP accountant for
           fixed-size sampling without replacement and one client's data replaced (the sampler's behaviour; see
           :mod:`lightning_fed.privacy_accounting`), logged as ``privacy/epsilon``. It needs :math:`z > 0`, the
-          trainer's :class:`~lightning_fed.sampling.UniformClientSampler` and no callback that sends its own sums
-          of client data to the server (SCAFFOLD, FedCurv); ``delta=None`` trains without accounting and accepts
-          any of them.
+          trainer's :class:`~lightning_fed.sampling.UniformClientSampler` and no callback that sends client data
+          to the server outside the noised sum (SCAFFOLD, FedCurv, FedAMP, rFedAvg); ``delta=None`` trains without
+          accounting and accepts any of them.
         * Logs ``privacy/clipped_fraction`` (the true fraction of accepted clients whose update was clipped, a
           diagnostic outside the guarantee), ``privacy/clip_norm`` (the round's :math:`S`) and
           ``privacy/noise_std`` (:math:`\sigma_\Delta S / m`, the noise on each coordinate of the averaged update).
