@@ -44,6 +44,7 @@ class DPFedAvg(Aggregator):
     :math:`\mathcal{N}(0, \sigma_b^2)` before dividing by :math:`m`, and
     :math:`\sigma_\Delta = (z^{-2} - (2\sigma_b)^{-2})^{-1/2}` so that both releases together cost what one Gaussian
     release with multiplier :math:`z` costs (see :mod:`lightning_fed.functional.dp`).
+
     Conventions:
         * :math:`\Delta_k` covers every floating-point **parameter** as one vector. Floating-point buffers (BatchNorm
           running statistics) are averaged uniformly over the accepted clients **without clipping or noise**, so
