@@ -276,6 +276,7 @@ class FederatedTrainer(Trainer):
         check_federation_setup(self, module)
         self.federation_state.seed = self.resolve_seed()
         self.sampler.seed = self.federation_state.seed
+        self.aggregator.setup(self)
         # Rank 0 named the run (every rank drew its own id): all ranks report the same directory.
         self._resolved_run_dir = Path(self.strategy.broadcast(str(resolve_run_dir(self))))
         self._reporter = RunReporter(self)

@@ -48,6 +48,11 @@ class Aggregator(CrossProcessState, ABC):
     _round_positions: dict[int, int]
     _last_integer_entries: tuple[int, StateDict]
 
+    def setup(self, trainer: FederatedTrainer) -> None:
+        """Called once per process when the rounds of a fit start, after any checkpoint is restored and the run seed
+        is fixed (``trainer.federation_state.seed``): reads the settings the aggregator needs (the sampler, the
+        number of clients, the module) and raises for settings it cannot run with. The default does nothing."""
+
     @abstractmethod
     def reset(self, global_params: StateDict, round_ctx: RoundContext) -> None:
         """Starts a round. ``round_ctx.num_samples`` gives every sampled client's training-set size."""

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from helpers.boring import NUM_CLASSES, BoringClassifier, make_datamodule
 from lightning_fed import FedCallback, FederatedTrainer
-from lightning_fed.aggregators import FedAvg, QFedAvg
+from lightning_fed.aggregators import DPFedAvg, FedAvg, QFedAvg
 from lightning_fed.callbacks import FedCurv, RFedAvg, Scaffold
 from lightning_fed.reduction import CrossProcessState
 
@@ -151,6 +151,10 @@ def algorithm(name: str) -> tuple[Any, list[FedCallback], float, bool]:
     if name == "qfedavg":
         # DeclaredState: every reduction of lightning_fed.reduction, compared between 1 and 2 processes.
         return QFedAvg(q=1.0), [DeclaredState()], 0.0, False
+    if name == "dpfedavg":
+        # Clipped sums reduced over ranks, then the same noise added once on every rank; adaptive clip norm.
+        dp = DPFedAvg(clip_norm=0.5, noise_multiplier=1.0, adaptive_clipping=True, clipped_count_stddev=1.0, delta=1e-3)
+        return dp, [], 0.0, False
     if name == "fedamp":
         # Every client's personalised w_j feeds every cloud model u_i; clients are evaluated with their own w_i.
         from lightning_fed.callbacks import FedAMP
