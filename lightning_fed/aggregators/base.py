@@ -48,6 +48,15 @@ class Aggregator(CrossProcessState, ABC):
     _round_positions: dict[int, int]
     _last_integer_entries: tuple[int, StateDict]
 
+    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+        """Raises when the trainer's settings (``clients_per_round``, ...) or the datamodule (set up) cannot run this
+        rule. Called when a fit's rounds start, and by ``lightning-fed`` before the run writes anything; the default
+        accepts all.
+
+        Raises:
+            InvalidArgumentError: Naming the setting to change.
+        """
+
     @abstractmethod
     def reset(self, global_params: StateDict, round_ctx: RoundContext) -> None:
         """Starts a round. ``round_ctx.num_samples`` gives every sampled client's training-set size."""
