@@ -115,6 +115,22 @@ class Selections(FedCallback):
         return {"selected": self.selected}
 
 
+class ShardPoison(FedCallback):
+    """Makes the losses NaN, so that the ranks hold unequal numbers of accepted updates: in round 1 the first client
+    of rank 0's share, in round 2 every client of rank 1's share (rank 1 then has none, and too few remain for the
+    aggregator). The shares are computed as a 2-process run splits the round, so 1 process rejects the same clients.
+    """
+
+    def on_round_start(self, trainer: Any, pl_module: Any, round_ctx: Any) -> None:
+        from lightning_fed.distributed import shard_clients
+
+        shares = shard_clients(round_ctx.client_ids, round_ctx.num_samples, 2)
+        self.poisoned = {1: shares[0][:1], 2: shares[1]}.get(round_ctx.round_idx, [])
+
+    def on_client_start(self, trainer: Any, pl_module: Any, client_ctx: Any) -> None:
+        pl_module.poison = client_ctx.client_id in self.poisoned
+
+
 class Killer(FedCallback):
     """SIGKILLs every process of the run when rank 0 has trained its ``client_index``-th client of ``round_idx``."""
 
@@ -174,7 +190,7 @@ def algorithm(name: str) -> tuple[Any, list[FedCallback], float, bool]:
         # Every client of the round is needed on every rank: the rows are gathered and put in round order.
         from lightning_fed.aggregators import MultiKrum, NormBound
 
-        return NormBound(MultiKrum(num_byzantine=1, num_selected=3), max_norm=0.6), [Selections()], 0.0, False
+        return NormBound(MultiKrum(num_byzantine=1, num_selected=3), max_norm=0.6), [Selections(), ShardPoison()], 0.0, False
     raise ValueError(f"unknown algorithm {name!r}")
 
 
