@@ -32,7 +32,7 @@ class NormBound(Aggregator):
 
     Conventions:
         * The norm covers every float entry the wrapped aggregator aggregates (parameters and BatchNorm running
-          statistics: an attacker can move either), computed in float64 over the whole model; the clipped model is
+          statistics: an attacker can move either), summed in float64 over the whole model; the clipped model is
           computed in float64 and cast back to each entry's dtype. Updates within the bound reach the wrapped
           aggregator untouched. Integer entries and entries the wrapped aggregator leaves out are not changed.
         * The wrapped aggregator does the rest (its own weights, server state, checks and metrics); ``NormBound``
@@ -75,14 +75,17 @@ class NormBound(Aggregator):
 
     def clip(self, params: StateDict) -> tuple[StateDict, bool]:
         """``params`` with its distance to the round's global model bounded by ``max_norm``, and whether it was cut."""
-        changes = {name: params[name].detach().double() - old.double() for name, old in self._global.items()}
-        norm = math.sqrt(sum(float(change.pow(2).sum()) for change in changes.values()))
+        # The differences in the entries' own dtype are exact to half an ulp of the difference; the norm adds them
+        # up in float64.
+        changes = {name: params[name].detach() - old for name, old in self._global.items()}
+        squares = [torch.linalg.vector_norm(change, dtype=torch.float64) ** 2 for change in changes.values()]
+        norm = math.sqrt(float(torch.stack(squares).sum())) if squares else 0.0
         if norm <= self.max_norm:
             return params, False
         scale = self.max_norm / norm
         clipped = dict(params)
         for name, change in changes.items():
-            clipped[name] = (self._global[name].double() + scale * change).to(params[name].dtype)
+            clipped[name] = (self._global[name].double() + scale * change.double()).to(params[name].dtype)
         return clipped, True
 
     @override

@@ -33,12 +33,16 @@ def _column_blocks(updates: Tensor) -> list[slice]:
 
 
 def _blockwise(updates: Tensor, rows: Tensor | None, rule: Callable[[Tensor], Tensor]) -> Tensor:
-    """``rule`` applied to column blocks of ``updates[rows]`` (all rows when ``None``), as one float64 vector."""
+    """``rule`` applied to column blocks of ``updates[rows]`` (all rows when ``None``), as one float64 vector.
+
+    The blocks keep the input's dtype: sorting is exact in any dtype and faster in float32, and each rule casts to
+    float64 where it adds values up.
+    """
     _check_updates(updates)
     result = torch.empty(updates.shape[1], dtype=torch.float64, device=updates.device)
     for block in _column_blocks(updates):
         values = updates[:, block] if rows is None else updates[rows, block]
-        result[block] = rule(values.double())
+        result[block] = rule(values)
     return result
 
 
@@ -54,7 +58,7 @@ def _median_rows(values: Tensor) -> Tensor:
     # would bias the estimate towards -inf and make it depend on the sign convention of the updates.
     ordered = values.sort(dim=0).values
     n = ordered.shape[0]
-    return 0.5 * (ordered[(n - 1) // 2] + ordered[n // 2])
+    return 0.5 * (ordered[(n - 1) // 2].double() + ordered[n // 2].double())
 
 
 def coordinate_median(updates: Tensor) -> Tensor:
@@ -95,12 +99,14 @@ def trimmed_mean(updates: Tensor, num_trimmed: int) -> Tensor:
     n = updates.shape[0]
     if num_trimmed < 0 or 2 * num_trimmed >= n:
         raise ValueError(f"A trimmed mean of {n} rows can drop k < n/2 at each end; got num_trimmed={num_trimmed}.")
-    return _blockwise(updates, None, lambda values: values.sort(dim=0).values[num_trimmed : n - num_trimmed].mean(0))
+    return _blockwise(
+        updates, None, lambda values: values.sort(dim=0).values[num_trimmed : n - num_trimmed].double().mean(0)
+    )
 
 
 def mean_of_rows(updates: Tensor, rows: Tensor) -> Tensor:
     """The unweighted mean of ``updates[rows]``, float64 (accumulated without copying the selected rows at once)."""
-    return _blockwise(updates, rows, lambda values: values.mean(0))
+    return _blockwise(updates, rows, lambda values: values.double().mean(0))
 
 
 def pairwise_squared_distances(updates: Tensor, center: Tensor | None = None) -> Tensor:
@@ -200,7 +206,7 @@ def bulyan_select(distances: Tensor, num_byzantine: int) -> Tensor:
 def _closest_to_median_mean(values: Tensor, count: int) -> Tensor:
     # Values are sorted first, so that among values equally far from the median the stable sort keeps the lower
     # one: the result is deterministic and does not depend on the order of the rows.
-    ordered = values.sort(dim=0).values
+    ordered = values.sort(dim=0).values.double()
     distance = (ordered - _median_rows(ordered)).abs()
     nearest = torch.sort(distance, dim=0, stable=True).indices[:count]
     return ordered.gather(0, nearest).mean(0)
