@@ -96,7 +96,9 @@ class RobustAggregator(Aggregator):
         num_sampled = trainer.sampler.num_sampled(datamodule.num_clients)
         minimum = self.minimum_clients(num_sampled)
         if num_sampled < minimum:
-            sampled = f" ({num_sampled} of {datamodule.num_clients} clients)" if num_sampled != clients_per_round else ""
+            sampled = (
+                f" ({num_sampled} of {datamodule.num_clients} clients)" if num_sampled != clients_per_round else ""
+            )
             raise InvalidArgumentError(
                 "clients_per_round",
                 clients_per_round,
@@ -147,7 +149,9 @@ class RobustAggregator(Aggregator):
     def _gathered_rows(self) -> tuple[Tensor, list[int]]:
         """Every rank's accepted rows in round order, and their positions in the round."""
         count = len(self._positions)
-        rows, positions = distributed.all_gather_rows([self._rows[:count], torch.tensor(self._positions, dtype=torch.int64)])
+        rows, positions = distributed.all_gather_rows(
+            [self._rows[:count], torch.tensor(self._positions, dtype=torch.int64)]
+        )
         order = positions.argsort()
         if not torch.equal(order, torch.arange(len(order))):
             rows = rows[order]

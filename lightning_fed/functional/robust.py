@@ -48,7 +48,9 @@ def _blockwise(updates: Tensor, rows: Tensor | None, rule: Callable[[Tensor], Te
 
 def _check_updates(updates: Tensor) -> None:
     if updates.dim() != 2 or updates.shape[0] == 0:
-        raise ValueError(f"`updates` must be a non-empty [n, d] tensor of flattened updates; got {tuple(updates.shape)}.")
+        raise ValueError(
+            f"`updates` must be a non-empty [n, d] tensor of flattened updates; got {tuple(updates.shape)}."
+        )
     if not updates.is_floating_point():
         raise TypeError(f"`updates` must be floating point; got {updates.dtype}.")
 

@@ -190,7 +190,12 @@ def algorithm(name: str) -> tuple[Any, list[FedCallback], float, bool]:
         # Every client of the round is needed on every rank: the rows are gathered and put in round order.
         from lightning_fed.aggregators import MultiKrum, NormBound
 
-        return NormBound(MultiKrum(num_byzantine=1, num_selected=3), max_norm=0.6), [Selections(), ShardPoison()], 0.0, False
+        return (
+            NormBound(MultiKrum(num_byzantine=1, num_selected=3), max_norm=0.6),
+            [Selections(), ShardPoison()],
+            0.0,
+            False,
+        )
     raise ValueError(f"unknown algorithm {name!r}")
 
 
