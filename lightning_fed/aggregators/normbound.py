@@ -33,7 +33,7 @@ class NormBound(Aggregator):
     Conventions:
         * The norm covers every float entry the wrapped aggregator aggregates (parameters and BatchNorm running
           statistics: an attacker can move either), summed in float64 over the whole model; the clipped model is
-          computed in float64 and cast back to each entry's dtype. Updates within the bound reach the wrapped
+          computed in each entry's own dtype (its norm is :math:`M` up to that dtype's rounding). Updates within the bound reach the wrapped
           aggregator untouched. Integer entries and entries the wrapped aggregator leaves out are not changed.
         * The wrapped aggregator does the rest (its own weights, server state, checks and metrics); ``NormBound``
           keeps no state of its own, and its ``state_dict`` is the wrapped aggregator's.
@@ -85,7 +85,7 @@ class NormBound(Aggregator):
         scale = self.max_norm / norm
         clipped = dict(params)
         for name, change in changes.items():
-            clipped[name] = (self._global[name].double() + scale * change.double()).to(params[name].dtype)
+            clipped[name] = torch.add(self._global[name], change, alpha=scale)
         return clipped, True
 
     @override
