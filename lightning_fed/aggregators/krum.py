@@ -55,6 +55,10 @@ class MultiKrum(RobustAggregator):
         return "n > 2f + 2"
 
     @override
+    def setting_to_lower(self) -> str:
+        return "`num_selected`" if self.requirement() == "n >= num_selected" else "`num_byzantine`"
+
+    @override
     def aggregate(self, rows: Tensor, center: Tensor) -> Tensor:
         selected = self.num_selected if self.num_selected is not None else rows.shape[0] - self.num_byzantine
         distances = pairwise_squared_distances(rows, center)

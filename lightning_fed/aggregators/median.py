@@ -82,6 +82,10 @@ class TrimmedMean(RobustAggregator):
         return "n > 2 floor(beta m)"
 
     @override
+    def setting_to_lower(self) -> str:
+        return "`beta`"
+
+    @override
     def aggregate(self, rows: Tensor, center: Tensor) -> Tensor:
         return trimmed_mean(rows, self.num_trimmed(self._num_sampled))
 

@@ -33,8 +33,9 @@ class NormBound(Aggregator):
     Conventions:
         * The norm covers every float entry the wrapped aggregator aggregates (parameters and BatchNorm running
           statistics: an attacker can move either), summed in float64 over the whole model; the clipped model is
-          computed in each entry's own dtype (its norm is :math:`M` up to that dtype's rounding). Updates within the bound reach the wrapped
-          aggregator untouched. Integer entries and entries the wrapped aggregator leaves out are not changed.
+          computed in each entry's own dtype (its norm is :math:`M` up to that dtype's rounding). Updates within the
+          bound reach the wrapped aggregator untouched. Integer entries and entries the wrapped aggregator leaves out
+          are not changed.
         * The wrapped aggregator does the rest (its own weights, server state, checks and metrics); ``NormBound``
           keeps no state of its own, and its ``state_dict`` is the wrapped aggregator's.
         * Logs ``normbound/clipped_fraction``: the fraction of the round's accepted updates that were clipped,

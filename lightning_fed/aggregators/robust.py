@@ -27,9 +27,10 @@ class RobustAggregator(Aggregator):
 
     A robust rule (median, Krum, ...) needs all the round's updates at once, so unlike FedAvg it cannot stream:
     each accepted client's float entries (those :meth:`float_entries` selects) are flattened into one row of an
-    ``[n, d]`` matrix **on the CPU**, in their common dtype. That costs ``n x model size`` of host memory per round
-    (100 clients of a 1.66 M-parameter CNN in float32: 665 MB), on top of the rule's own work (Krum and Bulyan add
-    an ``n x n`` float64 distance matrix and ``n^2 d`` multiply-adds); the matrix is freed when the round ends.
+    ``[n, d]`` matrix **on the CPU**, in their common dtype (at least float32). That costs ``n x model size`` of
+    host memory per round (100 clients of a 1.66 M-parameter CNN in float32: 665 MB), on top of the rule's own work
+    (Krum and Bulyan add an ``n x n`` float64 distance matrix and ``n^2 d`` multiply-adds); the matrix is freed when
+    the round ends.
     Coordinate-wise rules work on column blocks, so their temporaries stay small.
 
     Conventions:
@@ -81,6 +82,10 @@ class RobustAggregator(Aggregator):
         """The rule's condition on the number of clients ``n``, in words for error messages."""
         return "n >= 1"
 
+    def setting_to_lower(self) -> str:
+        """The aggregator's argument that lowers :meth:`minimum_clients`, for error messages."""
+        return "`num_byzantine`"
+
     @abstractmethod
     def aggregate(self, rows: Tensor, center: Tensor) -> Tensor:
         """The new global model's float entries as one float64 vector; a selecting rule sets ``_chosen_rows``.
@@ -103,7 +108,7 @@ class RobustAggregator(Aggregator):
                 "clients_per_round",
                 clients_per_round,
                 f"at least {minimum} for {self!r}, which needs {self.requirement()} clients per round{sampled};"
-                " or lower the aggregator's `num_byzantine`",
+                f" or lower the aggregator's {self.setting_to_lower()}",
             )
 
     @override

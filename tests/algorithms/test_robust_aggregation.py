@@ -193,9 +193,8 @@ def test_norm_bound_with_a_loose_bound_is_the_wrapped_aggregator():
 )
 def test_too_few_clients_per_round_is_an_error_at_setup(tmp_path, aggregator, clients_per_round, minimum):
     trainer = fast_trainer(tmp_path, clients_per_round=clients_per_round, aggregator=NormBound(aggregator, 1.0))
-    with pytest.raises(
-        InvalidArgumentError, match=rf"`clients_per_round` must be at least {minimum} for.*num_byzantine"
-    ):
+    lower = aggregator.setting_to_lower().strip("`")
+    with pytest.raises(InvalidArgumentError, match=rf"`clients_per_round` must be at least {minimum} for.*{lower}"):
         trainer.fit(BoringClassifier(), datamodule=make_datamodule(num_clients=8))
 
 
