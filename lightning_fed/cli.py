@@ -150,6 +150,7 @@ class FederatedCLI(LightningCLI):
                 check_num_classes(model, datamodule, name="model.init_args.num_classes")
                 check_clients_per_round(trainer.sampler.clients_per_round, datamodule.num_clients)
                 check_loss_scaling(trainer)
+                trainer.aggregator.check_setup(trainer, datamodule)
                 for callback in trainer.callbacks:
                     if isinstance(callback, FedCallback):
                         callback.check_setup(trainer, datamodule)

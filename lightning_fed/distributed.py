@@ -79,6 +79,35 @@ def all_gather_object(obj: Any) -> list[Any]:
     return gathered
 
 
+def all_gather_rows(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """Each tensor's rows from every rank, concatenated in rank order (the tensors themselves in one process).
+
+    The tensors of one rank share their first dimension (its row count, which may differ between ranks, zero
+    included); every rank passes the same number of tensors, each with the same trailing shape and dtype as its
+    counterparts. One small all-gather exchanges the row counts, then one all-gather per tensor moves the rows,
+    padded to the largest count (gloo and NCCL gather equal shapes). The results come back on the devices of the
+    inputs. With ``n`` rows over all ranks the gather briefly holds about twice ``n`` rows.
+    """
+    if not is_distributed():
+        return list(tensors)
+    device = _collective_device()
+    size = dist.get_world_size()
+    own = torch.tensor([tensors[0].shape[0] if tensors else 0], dtype=torch.int64, device=device)
+    counts_parts = [torch.zeros_like(own) for _ in range(size)]
+    dist.all_gather(counts_parts, own)
+    counts = [int(part.item()) for part in counts_parts]
+    most = max(counts)
+    gathered: list[Tensor] = []
+    for tensor in tensors:
+        padded = torch.zeros((most, *tensor.shape[1:]), dtype=tensor.dtype, device=device)
+        padded[: tensor.shape[0]] = tensor
+        parts = [torch.empty_like(padded) for _ in range(size)]
+        dist.all_gather(parts, padded)
+        del padded
+        gathered.append(torch.cat([part[:count] for part, count in zip(parts, counts)]).to(tensor.device))
+    return gathered
+
+
 def latest(position: int, value: Any) -> Any:
     """The ``value`` of the rank with the highest ``position`` (``-1``: this rank has none).
 
@@ -176,6 +205,7 @@ def rank_local_metrics(module: nn.Module) -> Iterator[None]:
 
 __all__ = [
     "all_gather_object",
+    "all_gather_rows",
     "all_reduce_sum_",
     "check_world_size",
     "destroy_process_group_at_exit",

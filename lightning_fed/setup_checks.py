@@ -221,6 +221,7 @@ def check_federation_setup(trainer: FederatedTrainer, module: LightningModule) -
     check_module_setup(trainer, module)
     num_clients = trainer.datamodule.num_clients
     check_clients_per_round(trainer.sampler.clients_per_round, num_clients)
+    trainer.aggregator.check_setup(trainer, trainer.datamodule)
     for callback in trainer.callbacks:
         if isinstance(callback, FedCallback):
             callback.check_setup(trainer, trainer.datamodule)

@@ -51,7 +51,17 @@ class Aggregator(CrossProcessState, ABC):
     def setup(self, trainer: FederatedTrainer) -> None:
         """Called once per process when the rounds of a fit start, after any checkpoint is restored and the run seed
         is fixed (``trainer.federation_state.seed``): reads the settings the aggregator needs (the sampler, the
-        number of clients, the module) and raises for settings it cannot run with. The default does nothing."""
+        number of clients, the module). Settings it cannot run with are refused earlier, in :meth:`check_setup`.
+        The default does nothing."""
+
+    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+        """Raises when the trainer's settings (``clients_per_round``, ...) or the datamodule (set up) cannot run this
+        rule. Called when a fit's rounds start, and by ``lightning-fed`` before the run writes anything; the default
+        accepts all.
+
+        Raises:
+            InvalidArgumentError: Naming the setting to change.
+        """
 
     @abstractmethod
     def reset(self, global_params: StateDict, round_ctx: RoundContext) -> None:

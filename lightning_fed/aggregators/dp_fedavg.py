@@ -131,9 +131,8 @@ class DPFedAvg(Aggregator):
         self._epsilon: float | None = None
 
     @override
-    def setup(self, trainer: FederatedTrainer) -> None:
-        """Reads the run seed, the federation's size, the sample size and the module's parameter names; refuses,
-        when privacy is accounted, a sampler or callbacks that the accounting does not cover."""
+    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+        """Refuses, when privacy is accounted, a sampler or callbacks that the accounting does not cover."""
         from lightning_fed.sampling import UniformClientSampler
 
         if self.delta is not None:
@@ -151,6 +150,10 @@ class DPFedAvg(Aggregator):
                     "free of callbacks that send client data to the server without noise when DPFedAvg accounts"
                     " privacy (remove them, or pass `delta=None` to DPFedAvg to train without accounting)",
                 )
+
+    @override
+    def setup(self, trainer: FederatedTrainer) -> None:
+        """Reads the run seed, the federation's size, the sample size and the module's parameter names."""
         num_clients = trainer.datamodule.num_clients
         self.configure(
             seed=trainer.federation_state.seed,

@@ -251,15 +251,15 @@ def test_accounting_refuses_a_sampler_it_does_not_assume():
     class OtherSampler(UniformClientSampler):
         pass
 
-    trainer = SimpleNamespace(sampler=OtherSampler(2), callbacks=[])
-    with pytest.raises(InvalidArgumentError, match="`trainer.sampler`"):
-        DPFedAvg().setup(trainer)
-    DPFedAvg(delta=None, noise_multiplier=0.0).setup(
-        SimpleNamespace(
-            sampler=OtherSampler(2),
-            callbacks=[],
-            datamodule=SimpleNamespace(num_clients=4),
-            federation_state=SimpleNamespace(seed=0),
-            lightning_module=BoringClassifier(),
-        )
+    trainer = SimpleNamespace(
+        sampler=OtherSampler(2),
+        callbacks=[],
+        datamodule=SimpleNamespace(num_clients=4),
+        federation_state=SimpleNamespace(seed=0),
+        lightning_module=BoringClassifier(),
     )
+    with pytest.raises(InvalidArgumentError, match="`trainer.sampler`"):
+        DPFedAvg().check_setup(trainer, trainer.datamodule)
+    unaccounted = DPFedAvg(delta=None, noise_multiplier=0.0)
+    unaccounted.check_setup(trainer, trainer.datamodule)
+    unaccounted.setup(trainer)

@@ -33,6 +33,7 @@ from lightning_fed.callbacks import FedCurv, RFedAvg, Scaffold
 from lightning_fed.reduction import CrossProcessState
 
 NUM_ROUNDS = 3
+CLIENTS_PER_ROUND = {"robust": 6}  # MultiKrum with f = 1 needs n > 2f + 2; the others sample 4 of the 6 clients
 
 
 class MetricClassifier(BoringClassifier):
@@ -101,6 +102,35 @@ class DeclaredState(FedCallback, CrossProcessState):
         return {"reduced": self.reduced}
 
 
+class Selections(FedCallback):
+    """Records which clients the (wrapped) robust aggregator kept, per round."""
+
+    def __init__(self) -> None:
+        self.selected: list[list[int]] = []
+
+    def on_aggregate(self, trainer: Any, pl_module: Any, round_ctx: Any, new_params: Any) -> None:
+        self.selected.append(list(trainer.aggregator.aggregator.selected_clients))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"selected": self.selected}
+
+
+class ShardPoison(FedCallback):
+    """Makes the losses NaN, so that the ranks hold unequal numbers of accepted updates: in round 1 the first client
+    of rank 0's share, in round 2 every client of rank 1's share (rank 1 then has none, and too few remain for the
+    aggregator). The shares are computed as a 2-process run splits the round, so 1 process rejects the same clients.
+    """
+
+    def on_round_start(self, trainer: Any, pl_module: Any, round_ctx: Any) -> None:
+        from lightning_fed.distributed import shard_clients
+
+        shares = shard_clients(round_ctx.client_ids, round_ctx.num_samples, 2)
+        self.poisoned = {1: shares[0][:1], 2: shares[1]}.get(round_ctx.round_idx, [])
+
+    def on_client_start(self, trainer: Any, pl_module: Any, client_ctx: Any) -> None:
+        pl_module.poison = client_ctx.client_id in self.poisoned
+
+
 class Killer(FedCallback):
     """SIGKILLs every process of the run when rank 0 has trained its ``client_index``-th client of ``round_idx``."""
 
@@ -160,6 +190,16 @@ def algorithm(name: str) -> tuple[Any, list[FedCallback], float, bool]:
         from lightning_fed.callbacks import FedAMP
 
         return FedAvg(), [FedAMP(alpha_k=0.5, lam=1.0, sigma=2.0, heatmap_every_n_rounds=0)], 0.0, False
+    if name == "robust":
+        # Every client of the round is needed on every rank: the rows are gathered and put in round order.
+        from lightning_fed.aggregators import MultiKrum, NormBound
+
+        return (
+            NormBound(MultiKrum(num_byzantine=1, num_selected=3), max_norm=0.6),
+            [Selections(), ShardPoison()],
+            0.0,
+            False,
+        )
     raise ValueError(f"unknown algorithm {name!r}")
 
 
@@ -180,7 +220,7 @@ def fit(
     extra = [Killer(*kill)] if kill is not None else []
     trainer = FederatedTrainer(
         num_rounds=num_rounds,
-        clients_per_round=4,
+        clients_per_round=CLIENTS_PER_ROUND.get(name, 4),
         local_epochs=1,
         aggregator=aggregator,
         keep_optimizer_state=keep_optimizer_state,
