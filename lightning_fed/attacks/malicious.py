@@ -183,7 +183,7 @@ class MaliciousClients(FedCallback):
         ordered = [everyone[cid] for cid in sorted(everyone, key=position.__getitem__)]
         z = alie_z(len(round_ctx.client_ids), len(ordered)) if self.z is None else self.z
         malicious = alie_update(ordered, z)
-        return {cid: malicious for cid in deltas}
+        return dict.fromkeys(deltas, malicious)
 
     @override
     def on_round_end(

@@ -93,7 +93,7 @@ def _expected_deltas(attack: MaliciousClients, recorder: UpdateRecorder, round_i
     assert attack.attack == "alie"
     ordered = [deltas[cid] for cid in attackers]
     shared = alie_update(ordered, alie_z(n, len(ordered)))
-    return {cid: shared for cid in attackers}
+    return dict.fromkeys(attackers, shared)
 
 
 @pytest.mark.parametrize(
