@@ -216,7 +216,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--samples-per-client", type=int, default=600)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--model", choices=("2nn", "lenet5"), default="2nn")
     parser.add_argument("--data-dir", default=os.environ.get("LIGHTNING_FED_DATA", "data"))
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")

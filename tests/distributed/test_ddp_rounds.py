@@ -2,8 +2,8 @@
 
 Covered: FedAvg (momentum kept per client, BatchNorm with an integer buffer, dropout, a torchmetrics metric),
 SCAFFOLD with FedCurv and rFedAvg v1 (per-client state and server sums), q-FedAvg with one declared round state of
-each reduction, FedAMP (every w_j needed by
-every client), a 2-process run SIGKILLed and resumed, and logging once.
+each reduction, FedAMP (every w_j needed by every client), the "a little is enough" attack (the attackers' honest
+updates gathered from every rank), a 2-process run SIGKILLed and resumed, and logging once.
 
 The 2-process runs start as subprocesses of ``tests/helpers/distributed_run.py`` (Lightning relaunches the script
 for rank 1), all at once, since most of their wall time is process start-up; the 1-process references run here.
