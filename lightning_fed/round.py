@@ -162,7 +162,7 @@ class RoundRunner:
 
         Every rank runs the hook, with or without held updates, so that a hook may exchange them across ranks. A
         held update that is no longer finite is rejected like a diverged client: whatever a hook wrote into it
-        never reaches the global model.
+        never reaches the global model. Its client-store writes stand: they came from training that was finite.
         """
         self.dispatch("on_clients_end", round_ctx, held)
         for update in held:
