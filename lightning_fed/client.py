@@ -3,6 +3,7 @@ client sends back to the aggregator, and what the round hands to the trainer at 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,10 @@ class ClientContext:
             client's entries with ``store.get(namespace, client_id)``.
         num_steps: Optimizer steps taken so far in local training.
         extras: Free-form per-client data shared between callbacks.
+        batch_transforms: Applied in order to every batch of the client's local training (after it is moved to the
+            device, before ``training_step``), so a callback can change what a client trains on without touching the
+            user's module (attack simulation's label flipping). Appended to by ``on_client_start`` or
+            ``on_client_train_start``; loaders handed to hooks and aggregator probes are not transformed.
     """
 
     client_id: int
@@ -63,6 +68,7 @@ class ClientContext:
     store: ClientStateStore
     num_steps: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
+    batch_transforms: list[Callable[[Any], Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -76,6 +82,9 @@ class ClientUpdate:
         params: The client's final local model (parameters and buffers, detached, on the training device).
         metrics: Means of the values the module logged during local training (e.g. ``train_loss``).
         extras: Extra payload for aggregators that need more than the weights (e.g. q-FedAvg's loss at w_g).
+        held: Set by an ``on_client_end`` hook to keep the update from the aggregator until every client of this
+            rank has trained; ``on_clients_end`` hooks may then rewrite it (attack simulation: "a little is enough"
+            needs all the round's malicious updates first), and it is aggregated if still finite.
     """
 
     client_id: int
@@ -84,6 +93,7 @@ class ClientUpdate:
     params: StateDict
     metrics: dict[str, float] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+    held: bool = False
 
 
 @dataclass

@@ -304,6 +304,9 @@ class LocalTrainer:
         trainer, module = self.trainer, self.module
         if self._needs_transfer:
             batch = trainer.strategy.batch_to_device(batch)
+        if ctx is not None and self._federated:
+            for transform in ctx.batch_transforms:
+                batch = transform(batch)
         self.buffer.current_batch_size = batch_size_of(batch)
         if -1 in self._call("on_train_batch_start", batch, batch_idx):
             return -1

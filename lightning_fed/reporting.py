@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_fed.atomic import write_text_atomic
+from lightning_fed.callbacks.base import FedCallback
 from lightning_fed.functional.partition_stats import mean_emd
 from lightning_fed.loggers.wandb import define_round_axis, log_image, log_table, wandb_loggers
 from lightning_fed.run_identity import new_run_dir
@@ -177,7 +178,8 @@ class RunReporter:
         self.trainer.print(f"[lightning_fed] summary: {summary_path}")
 
     def write_summary(self, per_client: dict[int, dict[str, float]], prefix: str = "client/") -> Path:
-        """Writes ``summary.json``: final metrics, per-round history, wall time and bytes."""
+        """Writes ``summary.json``: final metrics, per-round history, wall time, bytes, and what the federated
+        callbacks add (``FedCallback.summary_entries``, e.g. attack simulation's malicious clients)."""
         state = self.trainer.federation_state
         datamodule = self.trainer.datamodule
         payload = {
@@ -200,6 +202,9 @@ class RunReporter:
             # What defines the experiment (model and data arguments, algorithm, seed, ...), for comparing runs.
             "fingerprint": self.trainer.fed_fingerprint,
         }
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, FedCallback):
+                payload.update(callback.summary_entries(self.trainer))
         path = self.run_dir / "summary.json"
         _write_json_atomic(path, payload)
         return path

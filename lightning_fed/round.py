@@ -104,11 +104,15 @@ class RoundRunner:
         bytes_before = (round_ctx.bytes_up, round_ctx.bytes_down)
         shares = distributed.shard_clients(client_ids, round_ctx.num_samples, distributed.world_size())
         train_metrics: dict[int, dict[str, float]] = {}
+        held: list[ClientUpdate] = []
         self._steps_taken = 0
         for client_id in shares[distributed.rank()]:
             update = self._train_client(round_ctx, client_id)
             if update is not None:
                 train_metrics[client_id] = update.metrics
+                if update.held:
+                    held.append(update)
+        self._release_held(round_ctx, held, train_metrics)
         ordered_metrics, other_steps = combine_shares(round_ctx, bytes_before, train_metrics, self._steps_taken)
         if other_steps and self.local.count_step is not None:
             # global_step counts every optimizer step of the round, as in one process, on every rank.
@@ -147,8 +151,26 @@ class RoundRunner:
         if optimizer_state is not None:
             store.put("optimizer", client_id, optimizer_state)
         self.dispatch("on_client_end", ctx, update)
-        self.trainer.aggregator.update(update)
+        if not update.held:
+            self.trainer.aggregator.update(update)
         return update
+
+    def _release_held(
+        self, round_ctx: RoundContext, held: list[ClientUpdate], train_metrics: dict[int, dict[str, float]]
+    ) -> None:
+        """Runs ``on_clients_end`` on the updates ``on_client_end`` hooks held back, then aggregates them.
+
+        Every rank runs the hook, with or without held updates, so that a hook may exchange them across ranks. A
+        held update that is no longer finite is rejected like a diverged client: whatever a hook wrote into it
+        never reaches the global model. Its client-store writes stand: they came from training that was finite.
+        """
+        self.dispatch("on_clients_end", round_ctx, held)
+        for update in held:
+            if all_finite(update.params):
+                self.trainer.aggregator.update(update)
+            else:
+                train_metrics.pop(update.client_id, None)
+                reject_client(self.trainer, round_ctx, update.client_id)
 
     def _local_update(
         self, round_ctx: RoundContext, client_id: int

@@ -112,18 +112,23 @@ class Aggregator(CrossProcessState, ABC):
         self.add_round_state("_last_integer_entries", (-1, {}), reduce="last")
 
     def copy_integer_entries(self, update: ClientUpdate) -> None:
-        """Keeps ``update``'s integer entries as the round's latest; call it from ``update`` for each accepted client.
+        """Keeps ``update``'s integer entries if it is the round's latest client so far; call it from ``update`` for
+        each accepted client.
 
-        A rank sees its clients in round order, so the latest one it saw is its last; across ranks the one with the
-        highest position in the round wins when the round state is reduced.
+        "Latest" is by position in the round, not by arrival: updates held back by a hook (attack simulation) reach
+        the aggregator after the rank's other clients. Across ranks the one with the highest position in the round
+        wins when the round state is reduced.
         """
+        position = self._round_positions.get(update.client_id, -1)
+        if position < self._last_integer_entries[0]:
+            return
         entries = {
             name: t.detach().clone()
             for name, t in update.params.items()
             if self.should_aggregate(name) and not is_float_entry(t)
         }
         if entries:
-            self._last_integer_entries = (self._round_positions.get(update.client_id, -1), entries)
+            self._last_integer_entries = (position, entries)
 
     def integer_entries(self, global_params: StateDict) -> StateDict:
         """The integer entries of the round's last accepted client over every rank, on ``global_params``' devices.

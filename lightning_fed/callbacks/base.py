@@ -21,6 +21,7 @@ FED_HOOKS = (
     "on_client_before_optimizer_step",
     "on_client_after_optimizer_step",
     "on_client_end",
+    "on_clients_end",
     "on_aggregate",
     "on_round_end",
     "on_client_evaluate_start",
@@ -36,7 +37,8 @@ class FedCallback(Callback):
             on_client_train_start        the module now holds the start point; the client's loader is given
             per local step: client_loss  (added to the loss) -> backward -> on_client_before_optimizer_step
                             -> optimizer step -> on_client_after_optimizer_step
-            on_client_end                sees the ClientUpdate before the aggregator does
+            on_client_end                sees the ClientUpdate before the aggregator does; may hold it back
+        on_clients_end                   once this rank's clients have trained: may rewrite the held updates
         on_aggregate                     may edit the new global model in place
         for each evaluated client:
             on_client_evaluate_start     may replace ctx.initial_params with the personalised model
@@ -56,7 +58,8 @@ class FedCallback(Callback):
       compute and store must be the same everywhere (it is, when it depends only on the round's inputs, the store
       and server state).
     * ``on_client_start`` … ``on_client_end`` run only on the rank that trains that client, and
-      ``on_client_evaluate_start`` only on the rank that evaluates it.
+      ``on_client_evaluate_start`` only on the rank that evaluates it. ``on_clients_end`` runs on every rank, with
+      the updates that rank held; a hook that needs every rank's may gather them (every rank calls it).
     * Client-store entries written by the per-client hooks reach every rank before the aggregator computes (and
       after per-client evaluation), so per-client state may be read anywhere from ``on_aggregate`` on.
     * A server accumulator summed over clients in the per-client hooks holds only this rank's clients. Mix
@@ -125,6 +128,20 @@ class FedCallback(Callback):
     ) -> None:
         """Called after local training; the module still holds the client's local model."""
 
+    def on_clients_end(
+        self,
+        trainer: FederatedTrainer,
+        pl_module: LightningModule,
+        round_ctx: RoundContext,
+        held: list[ClientUpdate],
+    ) -> None:
+        """Called once this rank's clients have trained, before the aggregator sees the updates held back.
+
+        An ``on_client_end`` hook holds an update back by setting ``update.held = True``; here ``held`` lists this
+        rank's held updates in round order, and edits to their ``params`` are what the aggregator receives (an
+        update left non-finite is rejected). The module holds the last client's local model.
+        """
+
     def on_aggregate(
         self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
     ) -> None:
@@ -139,6 +156,13 @@ class FedCallback(Callback):
         self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext
     ) -> None:
         """Called before a client's test split is evaluated; swap ``client_ctx.initial_params`` to personalise."""
+
+    def summary_entries(self, trainer: FederatedTrainer) -> dict[str, Any]:
+        """Entries this callback adds to the run's ``summary.json`` (JSON values; the default adds none).
+
+        Called on rank 0 whenever the summary is written (after every round).
+        """
+        return {}
 
 
 def federated_trainer(trainer: Trainer, callback: object) -> FederatedTrainer:

@@ -2,8 +2,8 @@
 
 Covered: FedAvg (momentum kept per client, BatchNorm with an integer buffer, dropout, a torchmetrics metric),
 SCAFFOLD with FedCurv and rFedAvg v1 (per-client state and server sums), q-FedAvg with one declared round state of
-each reduction, FedAMP (every w_j needed by
-every client), a 2-process run SIGKILLed and resumed, and logging once.
+each reduction, FedAMP (every w_j needed by every client), the "a little is enough" attack (the attackers' honest
+updates gathered from every rank), a 2-process run SIGKILLed and resumed, and logging once.
 
 The 2-process runs start as subprocesses of ``tests/helpers/distributed_run.py`` (Lightning relaunches the script
 for rank 1), all at once, since most of their wall time is process start-up; the 1-process references run here.
@@ -26,8 +26,10 @@ import torch
 from helpers.distributed_run import NUM_ROUNDS, fit, result
 from helpers.resume import _equal
 
+from lightning_fed.attacks import choose_malicious
+
 SCRIPT = Path(__file__).parents[1] / "helpers" / "distributed_run.py"
-ALGORITHMS = ("fedavg", "stateful", "qfedavg", "fedamp")
+ALGORITHMS = ("fedavg", "stateful", "qfedavg", "fedamp", "attacks")
 KILL = ("2", "0")  # rank 0's first client of the last round: rounds 0 and 1 are checkpointed
 
 
@@ -186,6 +188,20 @@ def test_fedamp_two_processes_equal_one(two_process_runs, tmp_path):
     # Every client has its personalised model on every rank, and is evaluated with it.
     assert len(two[1]["store"]["fedamp"]) == 6
     assert "personal/test_acc_mean" in two[0]["history"][-1]
+
+
+def test_alie_attack_two_processes_equal_one(two_process_runs, tmp_path):
+    one = _one_process(tmp_path, "attacks")
+    two = two_process_runs["attacks"]
+    _assert_same_run(two, one)
+    # In some round both ranks trained attackers, so each needed the other's honest updates for mu and sigma.
+    malicious = set(choose_malicious(two[0]["seed"], 6, 0.5))
+    by_rank = [{tuple(map(int, key.split("/"))) for key in rank["client_models"]} for rank in two]
+    rounds_on_both = [
+        r for r in range(NUM_ROUNDS) if all(any(rr == r and cid in malicious for rr, cid in keys) for keys in by_rank)
+    ]
+    assert rounds_on_both
+    assert all(entry["attack/malicious_sampled"] >= 1 for entry in two[0]["history"])
 
 
 def test_killed_two_process_run_resumes_bit_identical(two_process_runs):

@@ -200,6 +200,11 @@ def algorithm(name: str) -> tuple[Any, list[FedCallback], float, bool]:
             0.0,
             False,
         )
+    if name == "attacks":
+        # "A little is enough": every rank needs the honest updates of the attackers that the others trained.
+        from lightning_fed.attacks import MaliciousClients
+
+        return FedAvg(), [MaliciousClients(fraction=0.5, attack="alie")], 0.0, False
     raise ValueError(f"unknown algorithm {name!r}")
 
 
@@ -256,6 +261,7 @@ def result(trainer: FederatedTrainer, models: ClientModels) -> dict[str, Any]:
         "client_models": models.models,
         "global_step": trainer.global_step,
         "world_size": trainer.world_size,
+        "seed": trainer.federation_state.seed,
     }
 
 
