@@ -198,16 +198,17 @@ def measure(args: argparse.Namespace, flower: str | None, root: Path) -> list[Me
         for count in args.workers
     }
     for index, (case, count, side) in enumerate(plan_runs(args.cases, args.workers, args.repeats, flower is not None)):
-        out = str(root / f"{side}_{case}_{count}.json")
-        seconds = launch(side, case, count, paths[case], out, args)
+        seconds = launch(side, case, count, paths[case], str(root / f"{side}_{case}_{count}.json"), args)
         result = results[case, count]
-        (result.lightning_fed if side == "lightning_fed" else result.flower or []).append(seconds)
+        times = result.flower if side == "flower" else result.lightning_fed
+        assert times is not None  # no Flower run is planned without Flower
+        times.append(seconds)
         print(f"  run {index + 1}: {case}, {count} worker(s), {side}: {seconds:.3f} s/round", flush=True)
-        done_both = flower is not None and len(result.lightning_fed) == len(result.flower or [])
-        if done_both and CASES[case].clients_per_round == CASES[case].num_clients:
-            result.weight_diff = max_weight_diff(
-                out + ".pt", str(root / f"{'lightning_fed' if side == 'flower' else 'flower'}_{case}_{count}.json.pt")
-            )
+    for (case, count), result in results.items():
+        # Sampled clients differ between the two samplers; with every client training, the work is the same FedAvg.
+        if flower is not None and CASES[case].clients_per_round == CASES[case].num_clients:
+            finals = [str(root / f"{side}_{case}_{count}.json.pt") for side in ("flower", "lightning_fed")]
+            result.weight_diff = max_weight_diff(*finals)
     return list(results.values())
 
 
