@@ -230,8 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error("--rounds must be >= 2: the per-round time (T_R - T_1) / (R - 1) leaves out the first round.")
-    torch.set_num_threads(1)
     if args.lightning_fed_worker:
+        torch.set_num_threads(1)
         from benchmarks.speed import quiet, silence_lightning
 
         silence_lightning()
