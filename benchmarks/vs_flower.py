@@ -54,6 +54,7 @@ from benchmarks.vs_flower_work import (
     per_round_time,
     write_case_data,
 )
+from lightning_fed.checks import InvalidArgumentError, check_int
 from lightning_fed.datamodules import DatasetFederated, FashionMNISTFederated
 from lightning_fed.datamodules.partitioners import IidPartitioner
 from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset
@@ -178,7 +179,8 @@ def launch(side: str, case: str, workers: int, data: Path, out: str, args: argpa
         command = [sys.executable, str(here / "vs_flower.py"), "--lightning-fed-worker", out]
     command += ["--case", case, "--workers", str(workers), "--data", str(data), "--rounds", str(args.rounds)]
     command += ["--batch-size", str(args.batch_size), "--seed", str(args.seed)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(here.parent)}
+    pythonpath = os.pathsep.join(filter(None, [str(here.parent), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.run_timeout)
     if done.returncode != 0:
         raise RuntimeError(f"{side} on {case} with {workers} worker(s) failed:\n{done.stderr[-4000:]}")
@@ -228,8 +230,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.rounds < 2:
-        parser.error("--rounds must be >= 2: the per-round time (T_R - T_1) / (R - 1) leaves out the first round.")
+    try:
+        check_int("--rounds", args.rounds, minimum=2)  # (T_R - T_1) / (R - 1) leaves out the first round
+        check_int("--repeats", args.repeats, minimum=1)
+        check_int("--batch-size", args.batch_size, minimum=1)
+        for count in args.workers:
+            check_int("--workers", count, minimum=1)
+    except InvalidArgumentError as error:
+        parser.error(str(error))
     if args.lightning_fed_worker:
         torch.set_num_threads(1)
         from benchmarks.speed import quiet, silence_lightning

@@ -165,3 +165,12 @@ def test_flower_side_is_skipped_with_a_clear_message_when_flwr_is_missing(
     assert "--flower-python" in printed and "flwr[simulation]" in printed
     assert "Flower skipped" in printed
     assert "/flower" not in printed and "4 runs: cross-silo/1/lightning_fed" in printed
+
+
+def test_bad_settings_name_the_option(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        main(["--dry-run", "--rounds", "1"])
+    assert "`--rounds` must be an integer >= 2; got 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--dry-run", "--workers", "1", "0"])
+    assert "`--workers` must be an integer >= 1; got 0" in capsys.readouterr().err
