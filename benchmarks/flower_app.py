@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> None:
         server_app=build_server_app(case, args, round_ends, final),
         client_app=build_client_app(),
         num_supernodes=case.num_clients,
-        backend_config=backend_config,  # type: ignore[arg-type]
+        backend_config=backend_config,
     )
     if len(round_ends) != args.rounds:
         raise RuntimeError(f"Flower finished {len(round_ends)} of {args.rounds} rounds; see its log above.")
