@@ -181,10 +181,15 @@ def launch(side: str, case: str, workers: int, data: Path, out: str, args: argpa
     command += ["--batch-size", str(args.batch_size), "--seed", str(args.seed)]
     pythonpath = os.pathsep.join(filter(None, [str(here.parent), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.run_timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"{side} on {case} with {workers} worker(s) failed:\n{done.stderr[-4000:]}")
-    return per_round_time(json.loads(Path(out).read_text())["round_ends"])
+    for attempt in (1, 2):
+        with open(out + ".log", "w") as log:
+            done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=args.run_timeout)
+        if done.returncode == 0:
+            return per_round_time(json.loads(Path(out).read_text())["round_ends"])
+        tail = "\n".join(Path(out + ".log").read_text().splitlines()[-15:])
+        # Ray's start-up can time out on an overloaded machine; one retry, reported, keeps a long run going.
+        print(f"  {side} on {case} with {workers} worker(s) failed (attempt {attempt}); its output ends:\n{tail}")
+    raise RuntimeError(f"{side} on {case} with {workers} worker(s) failed twice; see above.")
 
 
 def max_weight_diff(a: str, b: str) -> float:
