@@ -34,10 +34,10 @@ class FedAdam(AdaptiveServerOptimizer):
           step; integer buffers, rejected clients and ddp are handled as in
           :class:`~lightning_fed.aggregators.FedAvg`. :math:`m`, :math:`v` (float64) and the step count are
           checkpointed; a round whose clients were all rejected changes neither the model nor them.
-        * Defaults: :math:`\beta_1 = 0.9`, :math:`\beta_2 = 0.99` and :math:`\tau = 10^{-3}` follow the paper's experiments
-          (Section 5, which also studies the sensitivity to :math:`\tau`). The paper tunes :math:`\eta` per task
-          over powers of ten and has no default; :math:`\eta = 10^{-2}` is ours. Tune it (README, "Server
-          optimizers").
+        * Defaults: :math:`\beta_1 = 0.9`, :math:`\beta_2 = 0.99` and :math:`\tau = 10^{-3}` follow the paper's
+          experiments (Section 5, which also studies the sensitivity to :math:`\tau`). The paper tunes
+          :math:`\eta` per task over powers of ten and has no default; :math:`\eta = 10^{-2}` is ours. Tune it
+          (README, "Server optimizers").
 
     Args:
         server_lr: :math:`\eta` > 0.

@@ -35,12 +35,11 @@ class FedYogi(AdaptiveServerOptimizer):
           :class:`~lightning_fed.aggregators.FedAvg`. :math:`m`, :math:`v` (float64) and the step count are
           checkpointed; a round whose clients were all rejected changes neither the model nor them.
         * :math:`v` changes additively, by :math:`(1 - \beta_2)\Delta_t^2` whatever its size, so one round of
-          unusually large updates moves it less than Adam's average, and a small :math:`v` grows back slowly
-          rather than being forgotten. ``sign(0) = 0``.
-        * Defaults: :math:`\beta_1 = 0.9`, :math:`\beta_2 = 0.99` and :math:`\tau = 10^{-3}` follow the paper's experiments
-          (Section 5, which also studies the sensitivity to :math:`\tau`). The paper tunes :math:`\eta` per task
-          over powers of ten and has no default; :math:`\eta = 10^{-2}` is ours. Tune it (README, "Server
-          optimizers").
+          unusually large updates moves it less than Adam's running average would. ``sign(0) = 0``.
+        * Defaults: :math:`\beta_1 = 0.9`, :math:`\beta_2 = 0.99` and :math:`\tau = 10^{-3}` follow the paper's
+          experiments (Section 5, which also studies the sensitivity to :math:`\tau`). The paper tunes
+          :math:`\eta` per task over powers of ten and has no default; :math:`\eta = 10^{-2}` is ours. Tune it
+          (README, "Server optimizers").
 
     Args:
         server_lr: :math:`\eta` > 0.
