@@ -124,3 +124,211 @@ def test_adaptive_optimizers_match_algorithm_2_over_three_rounds(aggregator, rul
     for name in PARAMS:
         torch.testing.assert_close(state["m"][name], m[name], rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(state["v"][name], v[name], rtol=1e-9, atol=1e-12)
+
+
+def test_the_three_rules_differ_so_the_comparison_above_can_fail():
+    finals = [reference(rule, 3, eta=0.05)[0]["w"] for rule in ("adam", "yogi", "adagrad")]
+    for i in range(3):
+        for j in range(i + 1, 3):
+            assert (finals[i] - finals[j]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_fedavgm_matches_server_momentum_over_three_rounds(nesterov):
+    aggregator = FedAvgM(server_lr=0.7, momentum=0.8, nesterov=nesterov)
+    expected, u = momentum_reference(3, eta=0.7, beta=0.8, nesterov=nesterov)
+    result = _run(aggregator, 3)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(result[name], tensor, rtol=0, atol=1e-6, msg=name)
+    for name in PARAMS:
+        torch.testing.assert_close(aggregator.state_dict()["momentum"][name], u[name], rtol=1e-9, atol=1e-12)
+
+
+def test_fedavgm_without_momentum_and_unit_rate_is_fedavg():
+    x_avgm, x_avg = _global(), _global()
+    avgm, avg = FedAvgM(server_lr=1.0, momentum=0.0), FedAvg()
+    for t in range(3):
+        x_avgm, x_avg = _round(avgm, x_avgm, _clients(t)), _round(avg, x_avg, _clients(t))
+        for name, tensor in x_avg.items():
+            torch.testing.assert_close(x_avgm[name], tensor, rtol=0, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize(
+    "aggregator",
+    [FedAvg(server_lr=2.0), FedAvgM(server_lr=2.0), FedAdam(server_lr=1.0), FedYogi(server_lr=1.0)],
+    ids=repr,
+)
+def test_buffers_take_the_weighted_mean_and_are_never_extrapolated(aggregator):
+    global_params = _global()
+    global_params["bn.running_var"] = torch.tensor([4.0, 1.0])
+    # Every client's variance shrank: extrapolating past their mean (2 * mean - old with eta = 2) goes negative.
+    clients = {cid: dict(state, **{"bn.running_var": torch.tensor([0.5, 0.1])}) for cid, state in _clients(0).items()}
+    result = _round(aggregator, global_params, clients)
+    torch.testing.assert_close(result["bn.running_var"], torch.tensor([0.5, 0.1]))
+    assert not torch.allclose(result["w"], _mean(clients, "w").float())  # the parameters did take the server step
+
+
+def test_fedavg_server_lr_steps_the_parameters_only():
+    global_params, clients = _global(), _clients(0)
+    result = _round(FedAvg(server_lr=0.5), global_params, clients)
+    for name in PARAMS:
+        old = global_params[name].double()
+        torch.testing.assert_close(result[name], (old + 0.5 * (_mean(clients, name) - old)).float())
+    torch.testing.assert_close(result["bn.running_var"], _mean(clients, "bn.running_var").float())
+
+
+@pytest.mark.parametrize("aggregator", [FedAdam(), FedAvgM(), FedAvg(server_lr=2.0)], ids=repr)
+def test_a_round_built_without_parameter_names_is_refused_by_a_server_step(aggregator):
+    with pytest.raises(ValueError, match="parameter_names"):
+        _round(aggregator, _global(), _clients(0), parameter_names=None)
+
+
+def test_plain_fedavg_needs_no_parameter_names():
+    result = _round(FedAvg(), _global(), _clients(0), parameter_names=None)
+    torch.testing.assert_close(result["w"], _mean(_clients(0), "w").float())
+
+
+def test_rejected_clients_drop_out_and_a_round_without_clients_changes_nothing():
+    aggregator = FedAdam(server_lr=0.1)
+    x = _round(aggregator, _global(), _clients(0))
+    # Client 1 rejected: the pseudo-gradient is the mean of clients 0 and 2 alone.
+    expected_m = {
+        n: 0.9 * aggregator.buffers["m"][n] + 0.1 * (_mean(_clients(1), n, [0, 2]) - x[n].double()) for n in PARAMS
+    }
+    x = _round(aggregator, x, _clients(1), accepted=[0, 2])
+    for name in PARAMS:
+        torch.testing.assert_close(aggregator.buffers["m"][name], expected_m[name])
+    before = {kind: {n: t.clone() for n, t in values.items()} for kind, values in aggregator.buffers.items()}
+    unchanged = _round(aggregator, x, _clients(2), accepted=[])
+    for name, tensor in x.items():
+        assert torch.equal(unchanged[name], tensor), name
+    assert aggregator.num_steps == 2
+    for kind, values in before.items():
+        for name, tensor in values.items():
+            assert torch.equal(aggregator.buffers[kind][name], tensor), f"{kind}/{name}"
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "argument"),
+    [
+        (FedAdam, {"server_lr": 0.0}, "server_lr"),
+        (FedAdam, {"beta1": 1.0}, "beta1"),
+        (FedYogi, {"beta2": -0.1}, "beta2"),
+        (FedYogi, {"tau": 0.0}, "tau"),
+        (FedAdagrad, {"tau": float("nan")}, "tau"),
+        (FedAvgM, {"momentum": 1.0}, "momentum"),
+        (FedAvgM, {"server_lr": -1.0}, "server_lr"),
+        (FedAvgM, {"nesterov": 1}, "nesterov"),
+        (FedAdam, {"weighting": "size"}, "weighting"),
+    ],
+)
+def test_bad_arguments_name_the_argument(cls, kwargs, argument):
+    with pytest.raises(ValueError, match=argument):
+        cls(**kwargs)
+
+
+class _Recorder(FedCallback):
+    """Keeps each round's global model, accepted client models with their sizes, and the aggregate."""
+
+    def __init__(self) -> None:
+        self.rounds: list[dict] = []
+
+    def on_round_start(self, trainer, pl_module, round_ctx):
+        self.rounds.append({"clients": [], "parameter_names": round_ctx.parameter_names})
+
+    def on_client_end(self, trainer, pl_module, client_ctx, update):
+        self.rounds[-1]["clients"].append((update.num_samples, {n: t.clone() for n, t in update.params.items()}))
+
+    def on_aggregate(self, trainer, pl_module, round_ctx, new_params):
+        self.rounds[-1]["global"] = {n: t.clone() for n, t in round_ctx.global_params.items()}
+        self.rounds[-1]["new"] = {n: t.clone() for n, t in new_params.items()}
+
+
+def test_fedadam_in_a_federated_run_takes_algorithm_2_steps(tmp_path):
+    recorder = _Recorder()
+    aggregator = FedAdam(server_lr=0.05)
+    trainer = fast_trainer(tmp_path, num_rounds=3, clients_per_round=3, aggregator=aggregator, callbacks=[recorder])
+    module = BoringClassifier(batch_norm=True)
+    trainer.fit(module, datamodule=make_datamodule(num_clients=4))
+    # The runner names the parameters; BatchNorm's running statistics are buffers and take the plain mean below.
+    assert recorder.rounds[0]["parameter_names"] == {name for name, _ in module.named_parameters()}
+    m: dict[str, torch.Tensor] = {}
+    v: dict[str, torch.Tensor] = {}
+    for entry in recorder.rounds:
+        total = sum(n for n, _ in entry["clients"])
+        for name, old in entry["global"].items():
+            if not old.is_floating_point():
+                continue
+            mean = sum(n / total * state[name].double() for n, state in entry["clients"])
+            if name not in entry["parameter_names"]:
+                torch.testing.assert_close(entry["new"][name], mean.float(), msg=name)
+                continue
+            delta = mean - old.double()
+            m[name] = 0.9 * m.get(name, torch.zeros_like(delta)) + 0.1 * delta
+            v[name] = 0.99 * v.get(name, torch.full_like(delta, 1e-6)) + 0.01 * delta**2
+            expected = old.double() + 0.05 * m[name] / (v[name].sqrt() + 1e-3)
+            torch.testing.assert_close(entry["new"][name], expected.float(), rtol=0, atol=1e-6, msg=name)
+    assert aggregator.num_steps == 3
+
+
+class _Poison(FedCallback):
+    def on_client_start(self, trainer, pl_module, client_ctx):
+        pl_module.poison = client_ctx.client_id == 1
+
+
+@pytest.mark.filterwarnings("ignore:.*were rejected as non-finite")
+@pytest.mark.parametrize("aggregator", [FedAdam(server_lr=0.05), FedYogi(server_lr=0.05), FedAvgM()], ids=repr)
+def test_a_diverging_client_never_reaches_the_server_state(tmp_path, aggregator):
+    trainer = fast_trainer(tmp_path, num_rounds=3, clients_per_round=3, aggregator=aggregator, callbacks=[_Poison()])
+    module = BoringClassifier()
+    trainer.fit(module, datamodule=make_datamodule(num_clients=3))
+    assert trainer.federation_state.rejected_total == 3
+    assert all(torch.isfinite(t).all() for t in global_weights(module).values())
+    state = aggregator.state_dict()
+    assert state["num_steps"] == 3
+    assert all(torch.isfinite(t).all() for kind in aggregator.buffer_names for t in state[kind].values())
+
+
+def _small_inputs_datamodule():
+    """Inputs scaled by 0.01: BatchNorm's running variance falls from 1 far below 0.5 within a client's training."""
+    from helpers.boring import NUM_CLASSES, make_tensors
+
+    from lightning_fed.datamodules import DatasetFederated, IidPartitioner
+    from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset
+
+    x, y = make_tensors(400, seed=0)
+    x_test, y_test = make_tensors(200, seed=1)
+    train = TensorClassificationDataset(x * 0.01, y)
+    test = TensorClassificationDataset(x_test * 0.01, y_test)
+    return DatasetFederated(train, test, NUM_CLASSES, IidPartitioner(num_partitions=3, seed=0), batch_size=8)
+
+
+class _Extrapolation(FedCallback):
+    """Records, per round, the smallest running variance that FedAvg's old step on every float entry would give."""
+
+    def __init__(self, server_lr: float) -> None:
+        self.server_lr = server_lr
+        self.extrapolated_min: list[float] = []
+
+    def on_aggregate(self, trainer, pl_module, round_ctx, new_params):
+        old, new = round_ctx.global_params["net.1.running_var"], new_params["net.1.running_var"]
+        self.extrapolated_min.append(float((old + self.server_lr * (new - old)).min()))
+
+
+@pytest.mark.parametrize("aggregator", [FedAvg(server_lr=2.0), FedAdam(server_lr=1.0)], ids=repr)
+def test_batchnorm_variance_stays_positive_under_a_large_server_step(tmp_path, aggregator):
+    extrapolation = _Extrapolation(server_lr=2.0)
+    trainer = fast_trainer(
+        tmp_path, num_rounds=2, clients_per_round=3, aggregator=aggregator, callbacks=[extrapolation]
+    )
+    module = BoringClassifier(batch_norm=True)
+    datamodule = _small_inputs_datamodule()
+    trainer.fit(module, datamodule=datamodule)
+    # Stepping the buffers by 2x their change would have made the variance negative in round 0.
+    assert extrapolation.extrapolated_min[0] < 0
+    assert (module.net[1].running_var > 0).all()
+    module.eval()
+    x, _ = next(iter(datamodule.test_dataloader()))
+    with torch.no_grad():
+        assert torch.isfinite(module(x)).all()
+    assert not math.isnan(trainer.federation_state.history[-1]["global/test_loss"])
