@@ -332,3 +332,23 @@ def test_batchnorm_variance_stays_positive_under_a_large_server_step(tmp_path, a
     with torch.no_grad():
         assert torch.isfinite(module(x)).all()
     assert not math.isnan(trainer.federation_state.history[-1]["global/test_loss"])
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        'lightning_fed.aggregators.FedAvgM={"server_lr": 0.5, "momentum": 0.9, "nesterov": true}',
+        'lightning_fed.aggregators.FedAdagrad={"server_lr": 0.05}',
+        'lightning_fed.aggregators.FedAdam={"server_lr": 0.05}',
+        'lightning_fed.aggregators.FedYogi={"server_lr": 0.05}',
+    ],
+    ids=["fedavgm", "fedadagrad", "fedadam", "fedyogi"],
+)
+def test_resume_is_bit_identical(tmp_path, spec):
+    from helpers.resume import assert_resume_bit_identical
+
+    # Killed in round 2: the server state of rounds 0 and 1 comes back from the checkpoint.
+    result = assert_resume_bit_identical(tmp_path, "--aggregator", spec, kill_round=2, client_index=1)
+    state = result["aggregator_state"]
+    assert state["num_steps"] == 4
+    assert any(bool(t.abs().sum() > 0) for kind in state if kind != "num_steps" for t in state[kind].values())
