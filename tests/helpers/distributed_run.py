@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from helpers.boring import NUM_CLASSES, BoringClassifier, make_datamodule
 from lightning_fed import FedCallback, FederatedTrainer
-from lightning_fed.aggregators import FedAvg, QFedAvg
+from lightning_fed.aggregators import FedAdam, FedAvg, QFedAvg
 from lightning_fed.callbacks import FedCurv, RFedAvg, Scaffold
 from lightning_fed.reduction import CrossProcessState
 
@@ -156,6 +156,9 @@ def algorithm(name: str) -> tuple[Any, list[FedCallback], float, bool]:
         from lightning_fed.callbacks import FedAMP
 
         return FedAvg(), [FedAMP(alpha_k=0.5, lam=1.0, sigma=2.0, heatmap_every_n_rounds=0)], 0.0, False
+    if name == "fedadam":
+        # Server state (m, v) computed from the reduced mean on every rank; BatchNorm buffers averaged, not stepped.
+        return FedAdam(server_lr=0.05), [], 0.0, False
     raise ValueError(f"unknown algorithm {name!r}")
 
 
