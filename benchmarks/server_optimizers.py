@@ -12,7 +12,8 @@ set (10% of the training data, held out before partitioning: ``val_acc``) and on
 (``global/test_acc``). Per method, the rate with the best mean validation accuracy over the seeds is chosen, and
 its mean test accuracy is reported: the test set plays no part in the choice. Nothing else is tuned (client
 learning rate, momenta, tau: the presets'). Each run is a ``lightning-fed fit`` subprocess that evaluates only at
-its last round; results go to ``--out`` (``results.json``, ``results.md``).
+its last round; results go to ``--out`` (``runs.json``, ``results.json``, ``results.md``). Runs already in
+``--out``'s ``runs.json`` are not run again, so an interrupted benchmark continues where it stopped.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def run(method: str, server_lr: float, seed: int, rounds: int, out: Path) -> dic
         "method": method,
         "server_lr": server_lr,
         "seed": seed,
+        "rounds": rounds,
         "val_acc": float(final["val_acc"]),
         "test_acc": float(final["global/test_acc"]),
         "rejected": summary["rejected_clients_total"],
@@ -107,12 +109,17 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     settings = [(m, lr, s) for s in args.seeds for m in args.methods for lr in args.grid]
-    runs: list[dict[str, Any]] = []
+    # Runs already in OUT/runs.json with these rounds are kept, so an interrupted benchmark continues.
+    done_file = args.out / "runs.json"
+    runs = [r for r in json.loads(done_file.read_text()) if r["rounds"] == args.rounds] if done_file.exists() else []
+    done = {(r["method"], r["server_lr"], r["seed"]) for r in runs}
+    settings = [setting for setting in settings if setting not in done]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for result in pool.map(lambda s: run(*s, args.rounds, args.out), settings):
             print(json.dumps(result), flush=True)
             runs.append(result)
-            (args.out / "runs.json").write_text(json.dumps(runs, indent=2))
+            done_file.write_text(json.dumps(runs, indent=2))
+    runs = [r for r in runs if r["method"] in args.methods and r["seed"] in args.seeds and r["server_lr"] in args.grid]
     methods = summarise(runs, args.grid)
     results = {"grid": args.grid, "seeds": args.seeds, "rounds": args.rounds, "runs": runs, "methods": methods}
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
