@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    python benchmarks/server_optimizers.py                          # 12 runs, about 25 min on 2 loaded cores
+    python benchmarks/server_optimizers.py --jobs 2                 # 12 runs of 30 rounds
     python benchmarks/server_optimizers.py --seeds 0 1 --jobs 2     # mean over two seeds
     python benchmarks/server_optimizers.py --rounds 2 --grid 1      # the whole pipeline in a few minutes
 
