@@ -1,6 +1,6 @@
 """lightning_fed: federated learning on non-IID data as an ordinary PyTorch Lightning workflow."""
 
-from lightning_fed.aggregators import Aggregator, FedAvg
+from lightning_fed.aggregators import Aggregator, FedAdagrad, FedAdam, FedAvg, FedAvgM, FedYogi
 from lightning_fed.callbacks import FedCallback, ParameterPenalty, RoundProgressBar
 from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, RoundResult
 from lightning_fed.client_rejection import ClientDivergedError
@@ -15,7 +15,11 @@ __all__ = [
     "ClientDivergedError",
     "ClientStateStore",
     "ClientUpdate",
+    "FedAdagrad",
+    "FedAdam",
     "FedAvg",
+    "FedAvgM",
+    "FedYogi",
     "FedCallback",
     "FederatedTrainer",
     "ParameterPenalty",

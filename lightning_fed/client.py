@@ -26,6 +26,9 @@ class RoundContext:
         bytes_up: Bytes sent from clients to server this round; callbacks that upload extra tensors add to it.
         rejected: Ids of clients whose update was rejected (non-finite values).
         extras: Free-form per-round data shared between callbacks (e.g. rFedAvg+ targets).
+        parameter_names: The keys of ``global_params`` that are the module's trainable parameters (tied ones under
+            every name); every other entry is a buffer. Set by the round runner; ``None`` when a round is built by
+            hand without it. Server optimizers step only these entries and average the buffers.
     """
 
     round_idx: int
@@ -37,6 +40,7 @@ class RoundContext:
     bytes_up: int = 0
     rejected: list[int] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
+    parameter_names: frozenset[str] | None = None
 
 
 @dataclass

@@ -40,6 +40,11 @@ def fed_participants(trainer: FederatedTrainer) -> list[Any]:
     return list(trainer.callbacks)
 
 
+def trainable_parameter_names(module: LightningModule) -> frozenset[str]:
+    """The state-dict keys of ``module``'s trainable parameters, tied ones under every name they have."""
+    return frozenset(name for name, p in module.named_parameters(remove_duplicate=False) if p.requires_grad)
+
+
 class RoundRunner:
     """Runs the rounds of a fit on the trainer's module, with the trainer's settings and state.
 
@@ -96,6 +101,7 @@ class RoundRunner:
             global_params=global_params,
             num_samples={cid: dm.client_num_samples(cid) for cid in client_ids},
             store=self.state.store,
+            parameter_names=trainable_parameter_names(self.module),
         )
         self.dispatch("on_round_start", round_ctx)
         # Every rank ran on_round_start alike: what it stored needs no exchange.

@@ -15,7 +15,7 @@ def _state(seed: int) -> dict[str, torch.Tensor]:
 
 
 def _round(sizes: dict[int, int], global_params: dict[str, torch.Tensor]) -> RoundContext:
-    return RoundContext(0, list(sizes), global_params, sizes, ClientStateStore())
+    return RoundContext(0, list(sizes), global_params, sizes, ClientStateStore(), parameter_names=frozenset({"w"}))
 
 
 def _aggregate(agg: FedAvg, sizes: dict[int, int], states: dict[int, dict], accepted: list[int] | None = None) -> dict:
@@ -50,8 +50,10 @@ def test_server_lr_scales_the_step_from_the_global_model():
     states = {cid: _state(cid) for cid in sizes}
     global_w = _state(99)["w"]
     plain = _aggregate(FedAvg(), sizes, states)["w"]
-    damped = _aggregate(FedAvg(server_lr=0.5), sizes, states)["w"]
-    torch.testing.assert_close(damped, global_w + 0.5 * (plain - global_w))
+    damped = _aggregate(FedAvg(server_lr=0.5), sizes, states)
+    torch.testing.assert_close(damped["w"], global_w + 0.5 * (plain - global_w))
+    # Buffers are not parameters: they take the plain weighted mean whatever the server learning rate.
+    torch.testing.assert_close(damped["bn.running_mean"], _aggregate(FedAvg(), sizes, states)["bn.running_mean"])
 
 
 def test_rejected_clients_are_renormalised_out():

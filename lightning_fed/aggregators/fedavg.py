@@ -26,6 +26,10 @@ class FedAvg(Aggregator):
           :math:`p_k = 1/|S|` (what the rFedAvg authors' code does).
         * Float entries (parameters and BatchNorm running statistics) are averaged; integer buffers such as
           ``num_batches_tracked`` are copied from the last accepted client, never averaged.
+        * :math:`\eta_s` steps the module's trainable parameters only (``RoundContext.parameter_names``); buffers
+          and frozen parameters take the plain weighted average, since extrapolating a running variance past
+          the clients' values can make it negative. Subclasses replace that step (:meth:`server_step`) with a
+          server optimizer's (FedAvgM, FedAdam, ...).
         * Rejected (diverged) clients drop out and the weights of the others are renormalised.
         * The weights are fixed at ``reset`` from the sampled clients' sizes, and the sum is accumulated in
           float64. With one client and :math:`\eta_s = 1` the result is exactly that client's model, so one-client
@@ -47,6 +51,12 @@ class FedAvg(Aggregator):
         # Round state (declared in reset): the weighted sum of the float entries and the accepted clients' weight.
         self._sum: StateDict = {}
         self._accepted_weight = 0.0
+        self._parameter_names: frozenset[str] = frozenset()
+
+    @property
+    def steps_parameters(self) -> bool:
+        """Whether the trainable parameters take :meth:`server_step` rather than the plain weighted average."""
+        return self.server_lr != 1.0
 
     @override
     def reset(self, global_params: StateDict, round_ctx: RoundContext) -> None:
@@ -59,6 +69,8 @@ class FedAvg(Aggregator):
         self.reset_integer_entries(global_params, round_ctx)
         self.add_round_state("_sum", self.float64_zeros(global_params), reduce="sum")
         self.add_round_state("_accepted_weight", 0.0, reduce="sum")
+        if self.steps_parameters:
+            self._parameter_names = required_parameter_names(self, round_ctx)
 
     @override
     def update(self, update: ClientUpdate) -> None:
@@ -74,23 +86,47 @@ class FedAvg(Aggregator):
         if self._accepted_weight == 0.0:
             return {name: tensor.clone() for name, tensor in global_params.items()}
         renormalise = self._accepted_weight != 1.0
+        means = {name: total / self._accepted_weight if renormalise else total for name, total in self._sum.items()}
+        if self.steps_parameters:
+            # Only the trainable parameters move by the server step; buffers keep the weighted mean.
+            pseudo_gradient = {
+                name: means[name] - global_params[name].double() for name in means if name in self._parameter_names
+            }
+            for name, step in self.server_step(pseudo_gradient).items():
+                means[name] = global_params[name].double() + step
         copied = self.integer_entries(global_params)
         new_params: StateDict = {}
         for name, old in global_params.items():
             if name in copied:
                 new_params[name] = copied[name]
-            elif name in self._sum:
-                mean = self._sum[name] / self._accepted_weight if renormalise else self._sum[name]
-                if self.server_lr != 1.0:
-                    mean = old.double() + self.server_lr * (mean - old.double())
-                new_params[name] = mean.to(old.dtype)
+            elif name in means:
+                new_params[name] = means[name].to(old.dtype)
             else:
                 new_params[name] = old.clone()
         return new_params
+
+    def server_step(self, pseudo_gradient: StateDict) -> StateDict:
+        r"""What is added to each trainable parameter, from :math:`\Delta = \bar w - w_g` (float64, per name).
+
+        Called once per round with at least one accepted client, after the reduction over ranks (so every rank
+        steps alike), only when :attr:`steps_parameters`. FedAvg's is :math:`\eta_s \Delta`.
+        """
+        return {name: self.server_lr * delta for name, delta in pseudo_gradient.items()}
 
     @override
     def __repr__(self) -> str:
         return f"{type(self).__name__}(weighting={self.weighting!r}, server_lr={self.server_lr})"
 
 
-__all__ = ["FedAvg"]
+def required_parameter_names(aggregator: Aggregator, round_ctx: RoundContext) -> frozenset[str]:
+    """``round_ctx.parameter_names``, which a server step needs to leave the buffers out."""
+    if round_ctx.parameter_names is None:
+        raise ValueError(
+            f"{aggregator!r} steps the trainable parameters only, but the round's `RoundContext.parameter_names` is"
+            " None: the round runner sets it; when building a RoundContext by hand, pass the names of the module's"
+            " trainable parameters (`parameter_names=frozenset(n for n, p in module.named_parameters())`)."
+        )
+    return round_ctx.parameter_names
+
+
+__all__ = ["FedAvg", "required_parameter_names"]

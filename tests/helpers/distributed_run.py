@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from helpers.boring import NUM_CLASSES, BoringClassifier, make_datamodule
 from lightning_fed import FedCallback, FederatedTrainer
-from lightning_fed.aggregators import DPFedAvg, FedAvg, QFedAvg
+from lightning_fed.aggregators import DPFedAvg, FedAdam, FedAvg, QFedAvg
 from lightning_fed.callbacks import FedCurv, RFedAvg, Scaffold
 from lightning_fed.reduction import CrossProcessState
 
@@ -205,6 +205,9 @@ def algorithm(name: str) -> tuple[Any, list[FedCallback], float, bool]:
         from lightning_fed.attacks import MaliciousClients
 
         return FedAvg(), [MaliciousClients(fraction=0.5, attack="alie")], 0.0, False
+    if name == "fedadam":
+        # Server state (m, v) computed from the reduced mean on every rank; BatchNorm buffers averaged, not stepped.
+        return FedAdam(server_lr=0.05), [], 0.0, False
     raise ValueError(f"unknown algorithm {name!r}")
 
 
