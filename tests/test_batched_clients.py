@@ -62,8 +62,15 @@ class ItemModule(BoringClassifier):
         return loss
 
 
-def _fit(parallelism: int | str, make_module: Any, callbacks: list[Any] = (), aggregator: Any = None,
-         rounds: int = 3, iid: bool = False, **kwargs: Any) -> tuple[dict[str, torch.Tensor], dict[str, float], Any]:  # fmt: skip
+def _fit(
+    parallelism: int | str,
+    make_module: Any,
+    callbacks: list[Any] = (),
+    aggregator: Any = None,
+    rounds: int = 3,
+    iid: bool = False,
+    **kwargs: Any,
+) -> tuple[dict[str, torch.Tensor], dict[str, float], Any]:
     L.seed_everything(0)
     module = make_module()
     # Dirichlet client sizes: unequal clients, ragged last batches, different numbers of batches.
