@@ -2,8 +2,8 @@
 
 Covered: FedAvg (momentum kept per client, BatchNorm with an integer buffer, dropout, a torchmetrics metric),
 SCAFFOLD with FedCurv and rFedAvg v1 (per-client state and server sums), q-FedAvg with one declared round state of
-each reduction, FedAMP (every w_j needed by
-every client), a 2-process run SIGKILLed and resumed, and logging once.
+each reduction, FedAMP (every w_j needed by every client), clients trained side by side (``client_parallelism=2``,
+SCAFFOLD with momentum and FedProx), a 2-process run SIGKILLed and resumed, and logging once.
 
 The 2-process runs start as subprocesses of ``tests/helpers/distributed_run.py`` (Lightning relaunches the script
 for rank 1), all at once, since most of their wall time is process start-up; the 1-process references run here.
@@ -27,7 +27,7 @@ from helpers.distributed_run import NUM_ROUNDS, fit, result
 from helpers.resume import _equal
 
 SCRIPT = Path(__file__).parents[1] / "helpers" / "distributed_run.py"
-ALGORITHMS = ("fedavg", "stateful", "qfedavg", "fedamp")
+ALGORITHMS = ("fedavg", "stateful", "qfedavg", "fedamp", "batched")
 KILL = ("2", "0")  # rank 0's first client of the last round: rounds 0 and 1 are checkpointed
 
 
@@ -186,6 +186,13 @@ def test_fedamp_two_processes_equal_one(two_process_runs, tmp_path):
     # Every client has its personalised model on every rank, and is evaluated with it.
     assert len(two[1]["store"]["fedamp"]) == 6
     assert "personal/test_acc_mean" in two[0]["history"][-1]
+
+
+def test_batched_clients_two_processes_equal_one(two_process_runs, tmp_path):
+    one = _one_process(tmp_path, "batched")
+    two = two_process_runs["batched"]
+    assert one["client_group_size"] == two[0]["client_group_size"] == two[1]["client_group_size"] == 2
+    _assert_same_run(two, one)
 
 
 def test_killed_two_process_run_resumes_bit_identical(two_process_runs):

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers.boring import NUM_CLASSES, BoringClassifier, make_datamodule
 from lightning_fed import FedCallback, FederatedTrainer
 from lightning_fed.aggregators import FedAvg, QFedAvg
-from lightning_fed.callbacks import FedCurv, RFedAvg, Scaffold
+from lightning_fed.callbacks import FedCurv, FedProx, RFedAvg, Scaffold
 from lightning_fed.reduction import CrossProcessState
 
 NUM_ROUNDS = 3
@@ -51,6 +51,8 @@ class MetricClassifier(BoringClassifier):
 
 class ClientModels(FedCallback):
     """Keeps each client's locally trained model, per round, on the rank that trained it."""
+
+    supports_batched_clients = True
 
     def __init__(self) -> None:
         self.models: dict[str, dict[str, torch.Tensor]] = {}
@@ -156,6 +158,10 @@ def algorithm(name: str) -> tuple[Any, list[FedCallback], float, bool]:
         from lightning_fed.callbacks import FedAMP
 
         return FedAvg(), [FedAMP(alpha_k=0.5, lam=1.0, sigma=2.0, heatmap_every_n_rounds=0)], 0.0, False
+    if name == "batched":
+        # Clients trained side by side in groups of 2 (client_parallelism=2) with the batched hooks of SCAFFOLD's
+        # after-step correction (momentum) and FedProx's gradient; the module has no BatchNorm or dropout.
+        return FedAvg(weighting="uniform"), [Scaffold(), FedProx(mu=0.1)], 0.9, False
     raise ValueError(f"unknown algorithm {name!r}")
 
 
@@ -170,7 +176,8 @@ def fit(
     torch.set_num_threads(1)
     L.seed_everything(0)
     aggregator, callbacks, momentum, keep_optimizer_state = algorithm(name)
-    module = MetricClassifier(lr=0.1, momentum=momentum, batch_norm=True, dropout=0.2)
+    batched = name == "batched"
+    module = MetricClassifier(lr=0.1, momentum=momentum, batch_norm=not batched, dropout=0.0 if batched else 0.2)
     datamodule = make_datamodule(num_clients=6, num_samples=300, val_fraction=0.1, batch_size=16)
     models = ClientModels()
     extra = [Killer(*kill)] if kill is not None else []
@@ -180,6 +187,7 @@ def fit(
         local_epochs=1,
         aggregator=aggregator,
         keep_optimizer_state=keep_optimizer_state,
+        client_parallelism=2 if batched else 1,
         callbacks=[*callbacks, models, *extra],
         # When to crash is not part of the experiment: the resumed run has no Killer.
         resume_allow_changes=["callbacks.Killer"],
@@ -212,6 +220,7 @@ def result(trainer: FederatedTrainer, models: ClientModels) -> dict[str, Any]:
         "client_models": models.models,
         "global_step": trainer.global_step,
         "world_size": trainer.world_size,
+        "client_group_size": trainer.fed_runner.batched.size if trainer.fed_runner is not None else None,
     }
 
 
