@@ -91,14 +91,16 @@ class ClientGroups:
             return auto_group_size(self.module, self.trainer.strategy.root_device)
         return int(setting)
 
-    def fit_group(self, contexts: list[ClientContext], loaders: list[Any]) -> list[tuple[StateDict, dict[str, float]]]:
+    def fit_group(
+        self, contexts: list[ClientContext], loaders: list[Any]
+    ) -> list[tuple[StateDict, dict[str, float], bool]]:
         """Trains the clients of ``contexts`` (each from its ``initial_params``, on its loader) side by side.
 
         Advances each ``ctx.num_steps`` and ``global_step`` as their sequential training would.
 
         Returns:
-            Per client, in order: its final state (views into the stacked tensors, detached) and the means of what
-            its ``training_step`` (and the penalties) logged.
+            Per client, in order: its final state (views into the stacked tensors, detached), the means of what
+            its ``training_step`` (and the penalties) logged, and whether its state is finite.
         """
         trainer, module = self.trainer, self.module
         module.train()
@@ -115,8 +117,9 @@ class ClientGroups:
                 steps.setdefault(key, []).append(i)
             for (_, batch_idx, _), members in steps.items():
                 run.step(members, batch_idx, [fetched[i][1] for i in members])  # type: ignore[index]
+        finite = run.finite_clients()
         return [
-            ({name: t[i].detach() for name, t in run.stacked.items()}, run.logs.compute(i))
+            ({name: t[i].detach() for name, t in run.stacked.items()}, run.logs.compute(i), finite[i])
             for i in range(len(contexts))
         ]
 
@@ -221,6 +224,17 @@ class _GroupRun:
 
         loss, logged = torch.func.vmap(one_client, randomness="different")(params, batch)
         return (None if skipped else loss), logged, list(names), list(weights)
+
+    def finite_clients(self) -> list[bool]:
+        """Whether each client's floating-point state is free of NaN and Inf (one reduction per stacked tensor)."""
+        flags = [
+            torch.isfinite(t.detach()).reshape(t.shape[0], -1).all(1)
+            for t in self.stacked.values()
+            if t.is_floating_point() or t.is_complex()
+        ]
+        if not flags:
+            return [True] * len(self.group.contexts)
+        return torch.stack(flags).all(0).tolist()
 
     def _gather(self, index: Tensor) -> StateDict:
         with torch.no_grad():

@@ -173,14 +173,14 @@ class RoundRunner:
                 store.rollback()
             raise
         updates: list[ClientUpdate | None] = []
-        for (ctx, probe), transaction, (params, metrics) in zip(started, transactions, results):
+        for (ctx, probe), transaction, (params, metrics, finite) in zip(started, transactions, results):
             self._steps_taken += ctx.num_steps
             update = ClientUpdate(ctx.client_id, ctx.num_samples, ctx.num_steps, params, metrics, probe)
             if self.batched.needs_live_model:
                 # on_client_end's contract: the module holds the client's local model.
                 copy_state_(self.live, params)
             store.resume(transaction)
-            updates.append(self._finish_client(round_ctx, ctx, update, None))
+            updates.append(self._finish_client(round_ctx, ctx, update, None, finite))
         return updates
 
     def _start_client(self, round_ctx: RoundContext, client_id: int) -> tuple[ClientContext, dict[str, Any]]:
@@ -205,14 +205,22 @@ class RoundRunner:
         return derive_seed(self.state.seed, "data", round_ctx.round_idx, client_id)
 
     def _finish_client(
-        self, round_ctx: RoundContext, ctx: ClientContext, update: ClientUpdate, optimizer_state: dict[Any, Any] | None
+        self,
+        round_ctx: RoundContext,
+        ctx: ClientContext,
+        update: ClientUpdate,
+        optimizer_state: dict[Any, Any] | None,
+        finite: bool | None = None,
     ) -> ClientUpdate | None:
         """Rejects a non-finite update (undoing the client's store writes) or commits it, runs ``on_client_end``
-        and hands it to the aggregator; the client's store transaction must be open."""
+        and hands it to the aggregator; the client's store transaction must be open. ``finite``: whether the update
+        is finite, when already known (a group checks all its clients at once)."""
         store = round_ctx.store
         round_ctx.bytes_down += state_nbytes(ctx.initial_params)
         round_ctx.bytes_up += state_nbytes(update.params)
-        if not (all_finite(update.params) and finite_tree(optimizer_state)):
+        if finite is None:
+            finite = all_finite(update.params)
+        if not (finite and finite_tree(optimizer_state)):
             store.rollback()
             reject_client(self.trainer, round_ctx, ctx.client_id)
             return None

@@ -10,12 +10,13 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule
+from helpers.boring import NUM_CLASSES, BoringClassifier, fast_trainer, global_weights, make_datamodule, make_tensors
 
 from lightning_fed.aggregators import FedAvg, QFedAvg
 from lightning_fed.callbacks import FedAMP, FedCurv, FedGG, FedProx, Scaffold
 from lightning_fed.checks import InvalidArgumentError
-from lightning_fed.datamodules import DirichletPartitioner, IidPartitioner
+from lightning_fed.datamodules import DatasetFederated, DirichletPartitioner, IidPartitioner
+from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset
 
 NUM_CLIENTS = 10
 
@@ -201,3 +202,35 @@ def _init_args(callback: Any) -> dict[str, Any]:
 def test_invalid_client_parallelism_names_the_argument(tmp_path, value):
     with pytest.raises(InvalidArgumentError, match="client_parallelism"):
         fast_trainer(tmp_path, client_parallelism=value)
+
+
+def test_a_diverging_client_of_a_group_is_rejected_as_sequentially(tmp_path):
+    def fit(parallelism: int) -> tuple[dict[str, torch.Tensor], list[list[int]], Any]:
+        L.seed_everything(0)
+        module = OptimizerModule("momentum")
+        inputs, labels = make_tensors(300, seed=0)
+        inputs[17] = float("nan")  # whichever client holds example 17 diverges; the others must not notice
+        datamodule = DatasetFederated(
+            TensorClassificationDataset(inputs, labels),
+            TensorClassificationDataset(*make_tensors(50, seed=1)),
+            NUM_CLASSES,
+            IidPartitioner(NUM_CLIENTS),
+            batch_size=8,
+        )
+        trainer = fast_trainer(
+            tmp_path, num_rounds=2, clients_per_round=NUM_CLIENTS, client_parallelism=parallelism,
+            client_eval="none", eval_every_n_rounds=0, callbacks=[Scaffold()], aggregator=FedAvg(weighting="uniform"),
+        )  # fmt: skip
+        trainer.fit(module, datamodule=datamodule)
+        rejected = [row["clients/rejected"] for row in trainer.federation_state.history]
+        return global_weights(module), rejected, trainer
+
+    sequential, rejected_seq, trainer_seq = fit(1)
+    batched, rejected_batched, trainer_batched = fit(5)
+    assert rejected_seq == rejected_batched == [1.0, 1.0]
+    assert all(torch.isfinite(t).all() for t in batched.values())
+    _assert_same(batched, sequential)
+    # The diverged client's SCAFFOLD control was rolled back in both: the stores hold the same clients.
+    assert trainer_seq.federation_state.store.clients("scaffold") == trainer_batched.federation_state.store.clients(
+        "scaffold"
+    )
