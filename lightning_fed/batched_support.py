@@ -51,9 +51,12 @@ class TrainingStep(nn.Module):
         module = self.module
         previous = {name: module.__dict__.get(name) for name in ("log", "log_dict")}
         module.__dict__["log"] = log
-        module.__dict__["log_dict"] = lambda values, *args, **kwargs: [
-            log(k, v, *args, **kwargs) for k, v in values.items()
-        ]
+
+        def log_dict(values: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
+            for name, value in values.items():
+                log(name, value, *args, **kwargs)
+
+        module.__dict__["log_dict"] = log_dict
         try:
             named = {f"module.{name}": tensor for name, tensor in params.items()}
             return torch.func.functional_call(self, named, (batch, batch_idx))

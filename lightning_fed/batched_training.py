@@ -152,7 +152,7 @@ class _GroupRun:
     def step(self, members: list[int], batch_idx: int, batches: list[Any]) -> None:
         everyone = len(members) == len(self.group.contexts)
         index = None if everyone else torch.tensor(members, device=self.device)
-        params = self.stacked if everyone else self._gather(index)
+        params = self.stacked if index is None else self._gather(index)
         batch = stack_batches(batches)
         if self.device.type != "cpu":
             batch = self.owner.trainer.strategy.batch_to_device(batch)

@@ -81,7 +81,7 @@ class FedProx(ParameterPenalty):
         if anchor is None:
             return None
         total = sum(((p - anchor[name]) ** 2).flatten(1).sum(1) for name, p in params.items())
-        return 0.5 * self.mu * total  # type: ignore[return-value]
+        return 0.5 * self.mu * total
 
 
 def _shared_anchor(step: GroupStep) -> dict[str, Tensor] | None:
