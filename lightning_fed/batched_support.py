@@ -206,16 +206,6 @@ def _idle_checkpoint_hook(callback: Callback, hook: str) -> bool:
 def _trial_reason(
     trainer: FederatedTrainer, module: LightningModule, step_module: TrainingStep, client_id: int
 ) -> str | None:
-    seed = derive_seed(trainer.federation_state.seed, "batched-trial", client_id)
-    batch = next(iter(trainer.datamodule.client_dataloader(client_id, seed=seed)), None)
-    if batch is None:
-        return None
-    batch = stack_batches([batch, batch])
-    if trainer.strategy.root_device.type != "cpu":
-        batch = trainer.strategy.batch_to_device(batch)
-    params = {n: torch.stack([t.detach(), t.detach()]) for n, t in module.state_dict().items()}
-    leaves = [params[n].requires_grad_(True) for n, p in module.named_parameters() if p.requires_grad]
-
     def discard(*args: Any, **kwargs: Any) -> None:
         return None
 
@@ -226,10 +216,21 @@ def _trial_reason(
     was_training = module.training
     module.train()
     try:
+        # The trial leaves no trace: its loader draws, dropout masks, logs and metric updates are all undone.
         with isolated_pass(module), torch.enable_grad(), trainer.strategy.precision_plugin.train_step_context():
+            seed = derive_seed(trainer.federation_state.seed, "batched-trial", client_id)
+            batch = next(iter(trainer.datamodule.client_dataloader(client_id, seed=seed)), None)
+            if batch is None:
+                return None
+            batch = stack_batches([batch, batch])
+            if trainer.strategy.root_device.type != "cpu":
+                batch = trainer.strategy.batch_to_device(batch)
+            params = {n: torch.stack([t.detach(), t.detach()]) for n, t in module.state_dict().items()}
+            leaves = [params[n].requires_grad_(True) for n, p in module.named_parameters() if p.requires_grad]
             loss = torch.func.vmap(one_client, randomness="different")(params, batch)
             if loss.requires_grad:
                 torch.autograd.grad(loss.sum(), leaves, allow_unused=True)
+    # Any failure to vectorise, whatever its type, means: train one client at a time.
     except Exception as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         return f"training_step cannot be vectorised with torch.func.vmap ({type(error).__name__}: {first_line})"

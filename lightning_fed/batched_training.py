@@ -70,6 +70,8 @@ class ClientGroups:
 
     def groups(self, client_ids: Sequence[int]) -> list[list[int]]:
         """``client_ids`` in round order, cut into consecutive groups (single clients train alone)."""
+        if not client_ids:
+            return []  # decided at the first round this rank trains clients in
         if self.size is None:
             self.size = self._decide_size(client_ids)
         size = max(1, self.size)
@@ -77,7 +79,7 @@ class ClientGroups:
 
     def _decide_size(self, client_ids: Sequence[int]) -> int:
         setting = self.trainer.client_parallelism
-        if setting == 1 or not client_ids:
+        if setting == 1:
             return 1
         reason = unbatchable_reason(self.trainer, self.module, self._step_module, client_ids[0])
         if reason is not None:
