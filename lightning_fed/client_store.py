@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Final
 
 from lightning.fabric.utilities.apply_func import apply_to_collection
@@ -14,6 +15,15 @@ _ABSENT: Final = object()
 
 def _to_cpu(value: Any) -> Any:
     return apply_to_collection(value, Tensor, lambda tensor: tensor.detach().to("cpu", copy=True))
+
+
+@dataclass
+class _Transaction:
+    """A suspended transaction: each touched entry's value before it, and the store's bookkeeping at its start."""
+
+    undo: dict[tuple[str, int], Any]
+    changed_before: set[tuple[str, int]]
+    namespaces_before: set[str]
 
 
 class ClientStateStore:
@@ -96,8 +106,36 @@ class ClientStateStore:
         for namespace in set(self._data) - self._namespaces_before:
             if not self._data[namespace]:
                 del self._data[namespace]
-        self._changed = self._changed_before
+        # Touched entries go back to whether they were changed before; others keep their status, which matters when
+        # another client's transaction ran while this one was suspended.
+        touched = set(self._undo)
+        self._changed = (self._changed - touched) | (self._changed_before & touched)
         self.commit()
+
+    def suspend(self) -> _Transaction:
+        """Closes the open transaction without deciding it, so that another client's can open; :meth:`resume`
+        reopens it. Batched training starts a group's clients one after another and decides each after training.
+
+        Raises:
+            RuntimeError: If no transaction is open.
+        """
+        if self._undo is None:
+            raise RuntimeError("No ClientStateStore transaction is open to suspend.")
+        suspended = _Transaction(self._undo, self._changed_before, self._namespaces_before)
+        self._undo, self._changed_before = None, set()
+        return suspended
+
+    def resume(self, transaction: _Transaction) -> None:
+        """Reopens a transaction that :meth:`suspend` returned, to commit or roll it back.
+
+        Raises:
+            RuntimeError: If a transaction is already open.
+        """
+        if self._undo is not None:
+            raise RuntimeError("A ClientStateStore transaction is already open: commit or roll it back first.")
+        self._undo = transaction.undo
+        self._changed_before = transaction.changed_before
+        self._namespaces_before = transaction.namespaces_before
 
     @property
     def in_transaction(self) -> bool:

@@ -161,6 +161,30 @@ def _metric_snapshot(metric: Metric) -> dict[str, Any]:
     return state
 
 
+def client_batches(
+    dataloader: Iterable[Any], local_epochs: int | None, local_steps: int | None, accumulate: int
+) -> Iterator[tuple[int, Any, bool]]:
+    """Yields (batch_idx, batch, is_optimizer_step) for E epochs or until K optimizer steps are taken.
+
+    An epoch's last batch always ends a step, as in Lightning, so a partial accumulation is not carried over.
+    """
+    num_batches = len(dataloader)  # type: ignore[arg-type]
+    if num_batches == 0:
+        return
+    steps = 0
+    epoch = 0
+    while True:
+        for batch_idx, batch in enumerate(dataloader):
+            boundary = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == num_batches
+            yield batch_idx, batch, boundary
+            steps += boundary
+            if local_steps is not None and steps >= local_steps:
+                return
+        epoch += 1
+        if local_epochs is not None and epoch >= local_epochs:
+            return
+
+
 class LocalTrainer:
     """Trains the module that the trainer holds, in place: one client at a time, or centrally beside the federation.
 
@@ -261,36 +285,13 @@ class LocalTrainer:
         self._scaler = getattr(self.trainer.strategy.precision_plugin, "scaler", None)
         try:
             with buffered_logging(module, self.buffer):
-                for batch_idx, batch, boundary in self._batches(dataloader, epochs, steps, accumulate):
+                for batch_idx, batch, boundary in client_batches(dataloader, epochs, steps, accumulate):
                     if self._step(ctx, batch, batch_idx, optimizer, accumulate, boundary) == -1:
                         break
         finally:
             self._federated = True
         with rank_local_metrics(module):
             return self.buffer.compute()
-
-    def _batches(
-        self, dataloader: DataLoader, local_epochs: int | None, local_steps: int | None, accumulate: int
-    ) -> Iterator[tuple[int, Any, bool]]:
-        """Yields (batch_idx, batch, is_optimizer_step) for E epochs or until K optimizer steps are taken.
-
-        An epoch's last batch always ends a step, as in Lightning, so a partial accumulation is not carried over.
-        """
-        num_batches = len(dataloader)
-        if num_batches == 0:
-            return
-        steps = 0
-        epoch = 0
-        while True:
-            for batch_idx, batch in enumerate(dataloader):
-                boundary = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == num_batches
-                yield batch_idx, batch, boundary
-                steps += boundary
-                if local_steps is not None and steps >= local_steps:
-                    return
-            epoch += 1
-            if local_epochs is not None and epoch >= local_epochs:
-                return
 
     def _step(
         self,
@@ -363,6 +364,7 @@ class LocalTrainer:
 __all__ = [
     "LocalTrainer",
     "accumulation_of",
+    "client_batches",
     "clip_and_step",
     "isolated_pass",
     "loss_of",

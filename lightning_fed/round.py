@@ -18,6 +18,7 @@ from torch.optim import Optimizer
 
 from lightning_fed import distributed
 from lightning_fed.aggregators.base import Aggregator
+from lightning_fed.batched_training import ClientGroups
 from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, RoundResult
 from lightning_fed.client_rejection import finite_tree, reject_client
 from lightning_fed.federation_state import FederationState
@@ -64,6 +65,7 @@ class RoundRunner:
         self.module = module
         self.datamodule = trainer.datamodule
         self.local = LocalTrainer(trainer, module, count_step)
+        self.batched = ClientGroups(trainer, module, count_step)
         self.live: StateDict = module.state_dict(keep_vars=True)
         self.evaluator = RoundEvaluator(trainer, module, self.live, self.local.buffer, self.dispatch)
         self._steps_taken = 0
@@ -112,12 +114,15 @@ class RoundRunner:
         train_metrics: dict[int, dict[str, float]] = {}
         held: list[ClientUpdate] = []
         self._steps_taken = 0
-        for client_id in shares[distributed.rank()]:
-            update = self._train_client(round_ctx, client_id)
-            if update is not None:
-                train_metrics[client_id] = update.metrics
-                if update.held:
-                    held.append(update)
+        for group in self.batched.groups(shares[distributed.rank()]):
+            updates = (
+                self._train_group(round_ctx, group) if len(group) > 1 else [self._train_client(round_ctx, group[0])]
+            )
+            for update in updates:
+                if update is not None:
+                    train_metrics[update.client_id] = update.metrics
+                    if update.held:
+                        held.append(update)
         self._release_held(round_ctx, held, train_metrics)
         ordered_metrics, other_steps = combine_shares(round_ctx, bytes_before, train_metrics, self._steps_taken)
         if other_steps and self.local.count_step is not None:
@@ -143,19 +148,95 @@ class RoundRunner:
         # is not: a diverged update leaves no state behind that would poison the client's next participation.
         store.begin()
         try:
-            ctx, update, optimizer_state = self._local_update(round_ctx, client_id)
+            ctx, probe = self._start_client(round_ctx, client_id)
+            seed_torch(derive_seed(self.state.seed, "torch", round_ctx.round_idx, client_id))
+            loader = self.datamodule.client_dataloader(client_id, seed=self._data_seed(round_ctx, client_id))
+            optimizer = self._client_optimizer(client_id)
+            trainer = self.trainer
+            metrics = self.local.fit_client(ctx, loader, optimizer, trainer.local_epochs, trainer.local_steps)
+            self._steps_taken += ctx.num_steps
+            update = ClientUpdate(client_id, ctx.num_samples, ctx.num_steps, clone_state(self.live), metrics, probe)
+            optimizer_state = optimizer.state_dict()["state"] if trainer.keep_optimizer_state else None
         except BaseException:
             store.rollback()
             raise
+        return self._finish_client(round_ctx, ctx, update, optimizer_state)
+
+    def _train_group(self, round_ctx: RoundContext, client_ids: list[int]) -> list[ClientUpdate | None]:
+        """Trains ``client_ids`` together in one vectorised pass (``client_parallelism``); each client's hooks run
+        in round order before and after it, and each client's store transaction is decided on its own update."""
+        store, started, transactions = round_ctx.store, [], []
+        try:
+            for client_id in client_ids:
+                store.begin()
+                started.append(self._start_client(round_ctx, client_id))
+                transactions.append(store.suspend())
+            contexts = [ctx for ctx, _ in started]
+            seeds = [self._data_seed(round_ctx, cid) for cid in client_ids]
+            loaders = [self.datamodule.client_dataloader(cid, seed=seed) for cid, seed in zip(client_ids, seeds)]
+            seed_torch(derive_seed(self.state.seed, "torch", round_ctx.round_idx, "group", *client_ids))
+            results = self.batched.fit_group(contexts, loaders)
+        except BaseException:
+            store.rollback()
+            for transaction in reversed(transactions):
+                store.resume(transaction)
+                store.rollback()
+            raise
+        updates: list[ClientUpdate | None] = []
+        for (ctx, probe), transaction, (params, metrics, finite) in zip(started, transactions, results):
+            self._steps_taken += ctx.num_steps
+            update = ClientUpdate(ctx.client_id, ctx.num_samples, ctx.num_steps, params, metrics, probe)
+            if self.batched.needs_live_model:
+                # on_client_end's contract: the module holds the client's local model.
+                copy_state_(self.live, params)
+            store.resume(transaction)
+            updates.append(self._finish_client(round_ctx, ctx, update, None, finite))
+        return updates
+
+    def _start_client(self, round_ctx: RoundContext, client_id: int) -> tuple[ClientContext, dict[str, Any]]:
+        """Runs a client's start hooks (the module then holds its start point) and the aggregator's probe."""
+        ctx = ClientContext(
+            client_id=client_id,
+            round_idx=round_ctx.round_idx,
+            global_params=round_ctx.global_params,
+            initial_params=round_ctx.global_params,
+            num_samples=round_ctx.num_samples[client_id],
+            store=round_ctx.store,
+        )
+        self.dispatch("on_client_start", ctx)
+        copy_state_(self.live, ctx.initial_params)
+        data_seed = self._data_seed(round_ctx, client_id)
+        # Hooks get a loader of their own, and the RNG is seeded after them: whatever they iterate or draw cannot
+        # shift the client's data order or dropout masks.
+        self.dispatch("on_client_train_start", ctx, self.datamodule.client_dataloader(client_id, seed=data_seed))
+        return ctx, self._probe_client(ctx, data_seed)
+
+    def _data_seed(self, round_ctx: RoundContext, client_id: int) -> int:
+        return derive_seed(self.state.seed, "data", round_ctx.round_idx, client_id)
+
+    def _finish_client(
+        self,
+        round_ctx: RoundContext,
+        ctx: ClientContext,
+        update: ClientUpdate,
+        optimizer_state: dict[Any, Any] | None,
+        finite: bool | None = None,
+    ) -> ClientUpdate | None:
+        """Rejects a non-finite update (undoing the client's store writes) or commits it, runs ``on_client_end``
+        and hands it to the aggregator; the client's store transaction must be open. ``finite``: whether the update
+        is finite, when already known (a group checks all its clients at once)."""
+        store = round_ctx.store
         round_ctx.bytes_down += state_nbytes(ctx.initial_params)
         round_ctx.bytes_up += state_nbytes(update.params)
-        if not (all_finite(update.params) and finite_tree(optimizer_state)):
+        if finite is None:
+            finite = all_finite(update.params)
+        if not (finite and finite_tree(optimizer_state)):
             store.rollback()
-            reject_client(self.trainer, round_ctx, client_id)
+            reject_client(self.trainer, round_ctx, ctx.client_id)
             return None
         store.commit()
         if optimizer_state is not None:
-            store.put("optimizer", client_id, optimizer_state)
+            store.put("optimizer", ctx.client_id, optimizer_state)
         self.dispatch("on_client_end", ctx, update)
         if not update.held:
             self.trainer.aggregator.update(update)
@@ -177,36 +258,6 @@ class RoundRunner:
             else:
                 train_metrics.pop(update.client_id, None)
                 reject_client(self.trainer, round_ctx, update.client_id)
-
-    def _local_update(
-        self, round_ctx: RoundContext, client_id: int
-    ) -> tuple[ClientContext, ClientUpdate, dict[Any, Any] | None]:
-        """Runs a client's start hooks and local training; returns its context, update and optimizer state to keep
-        (``None`` unless ``keep_optimizer_state``), none of it checked yet."""
-        trainer, seed = self.trainer, self.state.seed
-        ctx = ClientContext(
-            client_id=client_id,
-            round_idx=round_ctx.round_idx,
-            global_params=round_ctx.global_params,
-            initial_params=round_ctx.global_params,
-            num_samples=round_ctx.num_samples[client_id],
-            store=round_ctx.store,
-        )
-        self.dispatch("on_client_start", ctx)
-        copy_state_(self.live, ctx.initial_params)
-        data_seed = derive_seed(seed, "data", round_ctx.round_idx, client_id)
-        # Hooks get a loader of their own, and the RNG is seeded after them: whatever they iterate or draw cannot
-        # shift the client's data order or dropout masks.
-        self.dispatch("on_client_train_start", ctx, self.datamodule.client_dataloader(client_id, seed=data_seed))
-        probe = self._probe_client(ctx, data_seed)
-        seed_torch(derive_seed(seed, "torch", round_ctx.round_idx, client_id))
-        loader = self.datamodule.client_dataloader(client_id, seed=data_seed)
-        optimizer = self._client_optimizer(client_id)
-        metrics = self.local.fit_client(ctx, loader, optimizer, trainer.local_epochs, trainer.local_steps)
-        self._steps_taken += ctx.num_steps
-        update = ClientUpdate(client_id, ctx.num_samples, ctx.num_steps, clone_state(self.live), metrics, probe)
-        optimizer_state = optimizer.state_dict()["state"] if trainer.keep_optimizer_state else None
-        return ctx, update, optimizer_state
 
     def _probe_client(self, ctx: ClientContext, data_seed: int) -> dict[str, Any]:
         """The aggregator's client-side measurement (q-FedAvg's loss at the global model), for ``update.extras``."""

@@ -228,3 +228,12 @@ def check_federation_setup(trainer: FederatedTrainer, module: LightningModule) -
     distributed.check_world_size(trainer.world_size, trainer.sampler.num_sampled(num_clients))
     check_process_group(trainer.world_size, distributed.world_size())
     check_no_sync_batchnorm(module, trainer.world_size)
+
+
+def check_client_parallelism(value: Any) -> int | str:
+    """``client_parallelism`` is ``"auto"`` or a group size of at least 1; returns it."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, str):
+        raise InvalidArgumentError("client_parallelism", value, "an integer >= 1 or 'auto'")
+    return check_int("client_parallelism", value, minimum=1)

@@ -31,6 +31,7 @@ from lightning_fed.sampling import UniformClientSampler
 from lightning_fed.setup_checks import (
     EPOCH_ARGS,
     check_allowed_changes,
+    check_client_parallelism,
     check_epoch_args,
     check_federation_setup,
     check_fit_setup,
@@ -70,6 +71,9 @@ class FederatedTrainer(Trainer):
             ``"raise"`` stops the run with :class:`~lightning_fed.ClientDivergedError`.
         keep_optimizer_state: Keep each client's optimizer state (e.g. momentum) in the client store between its
             participations, instead of starting every client from fresh state.
+        client_parallelism: How many clients train side by side in one vectorised step (``torch.func.vmap``); 1
+            trains one after another, ``"auto"`` sizes groups from the device and the model. What cannot be
+            vectorised trains one at a time, with a warning (README, ``client_parallelism``).
         seed: Run seed for client sampling, data order and per-client RNG; defaults to the seed given to
             ``seed_everything`` (0 if none).
         run_dir: Where everything a fit writes goes (config, summary, plots, ``checkpoints/``, W&B); default
@@ -100,6 +104,7 @@ class FederatedTrainer(Trainer):
         client_table_every_n_rounds: int = 5,
         on_client_divergence: Literal["skip", "raise"] = "skip",
         keep_optimizer_state: bool = False,
+        client_parallelism: int | Literal["auto"] = 1,
         seed: int | None = None,
         run_dir: str | None = None,
         resume_allow_changes: list[str] | None = None,
@@ -132,6 +137,7 @@ class FederatedTrainer(Trainer):
         self.client_table_every_n_rounds = client_table_every_n_rounds
         self.on_client_divergence = on_client_divergence
         self.keep_optimizer_state = keep_optimizer_state
+        self.client_parallelism = check_client_parallelism(client_parallelism)
         self.seed = seed
         self.run_dir = run_dir
         self.resume_allow_changes = check_allowed_changes(resume_allow_changes)

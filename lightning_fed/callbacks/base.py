@@ -9,6 +9,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, StateDict
+from lightning_fed.client_group import GroupStep
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -20,6 +21,8 @@ FED_HOOKS = (
     "client_loss",
     "on_client_before_optimizer_step",
     "on_client_after_optimizer_step",
+    "on_group_before_optimizer_step",
+    "on_group_after_optimizer_step",
     "on_client_end",
     "on_clients_end",
     "on_aggregate",
@@ -70,12 +73,23 @@ class FedCallback(Callback):
       then on the accumulator covers every rank's clients (the identity in one process), as in SCAFFOLD and
       FedCurv. ``round_ctx.rejected`` and the ``bytes_*`` counters are already combined by then.
 
+    With ``client_parallelism`` above 1 several clients train side by side (:mod:`lightning_fed.batched_training`):
+    each client's ``on_client_start`` and ``on_client_train_start`` run in round order before the group trains, and
+    its ``on_client_end`` after (the module then holds that client's local model). Per-client state must therefore
+    live in ``client_ctx`` (``extras``) or be keyed by client, not kept in one slot of the callback. A callback that
+    overrides any per-client hook sets ``supports_batched_clients = True`` once it does so, and replaces its per-step
+    hooks with :meth:`on_group_before_optimizer_step` / :meth:`on_group_after_optimizer_step`; without it the
+    trainer falls back to training one client at a time, with a warning.
+
     Attributes:
         supports_loss_scaling: Set to ``False`` by algorithms that count or edit optimizer steps (fp16 loss scaling
             skips steps); the trainer then refuses ``precision="16-mixed"`` with a clear error.
+        supports_batched_clients: Whether the callback's per-client hooks are correct when a group of clients
+            trains side by side (see above).
     """
 
     supports_loss_scaling: bool = True
+    supports_batched_clients: bool = False
 
     def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
         """Raises when the trainer's settings (aggregator, ``client_eval``, ...) or the datamodule (set up) cannot
@@ -122,6 +136,18 @@ class FedCallback(Callback):
     ) -> None:
         """Called right after the optimizer stepped (before zero-grad); edits to the weights here stay outside the
         optimizer's state (momentum buffers, Adam moments)."""
+
+    def on_group_before_optimizer_step(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
+    ) -> None:
+        """The batched :meth:`on_client_before_optimizer_step`: edit ``step.grads`` (stacked over the stepping
+        clients) in place; called before the stacked optimizer step."""
+
+    def on_group_after_optimizer_step(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
+    ) -> None:
+        """The batched :meth:`on_client_after_optimizer_step`: edit ``step.params`` in place; called right after
+        the stacked optimizer step."""
 
     def on_client_end(
         self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate

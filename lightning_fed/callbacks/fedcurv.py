@@ -125,11 +125,13 @@ class FedCurv(ParameterPenalty, CrossProcessState):
         self._change: Statistics = {}
         self._num_changes = 0
         self._round_ctx: RoundContext | None = None
-        self._loader: Any = None
+        # Each training client's loader, for its Fisher at on_client_end (several train at once when batched).
+        self._loaders: dict[int, Any] = {}
 
     @override
     def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
         self._round_ctx = round_ctx
+        self._loaders = {}
         trainable = [(n, p) for n, p in pl_module.named_parameters() if p.requires_grad]
         zeros = {key: {n: torch.zeros(p.shape, dtype=torch.float64) for n, p in trainable} for key in STAT_KEYS}
         self.add_round_state("_change", zeros)
@@ -139,7 +141,7 @@ class FedCurv(ParameterPenalty, CrossProcessState):
     def on_client_train_start(
         self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
     ) -> None:
-        self._loader = dataloader
+        self._loaders[client_ctx.client_id] = dataloader
         if self.sums is None:
             return  # nobody has statistics yet (round 0): Eq. 3's sum over the others is empty
         # A first-time client has no statistics of its own in the sums: all of them are the others' (Eq. 3).
@@ -165,10 +167,10 @@ class FedCurv(ParameterPenalty, CrossProcessState):
     def on_client_end(
         self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
     ) -> None:
-        if self._loader is None:
+        loader = self._loaders.pop(client_ctx.client_id, None)
+        if loader is None:
             raise RuntimeError("FedCurv needs the client's training loader: `on_client_train_start` was not called.")
-        fisher = self.compute_fisher(trainer, pl_module, self._loader)
-        self._loader = None
+        fisher = self.compute_fisher(trainer, pl_module, loader)
         if not all(torch.isfinite(f).all() for f in fisher.values()):
             warnings.warn(
                 f"FedCurv: client {client_ctx.client_id}'s Fisher is not finite in round {client_ctx.round_idx}; "

@@ -78,6 +78,9 @@ class FedGG(ParameterPenalty):
         log_every_n_steps: Log the term every n local steps.
     """
 
+    # The step weight and the anchors live in single slots of the callback, one client at a time: no batched form.
+    supports_batched_clients = False
+
     def __init__(
         self, mu: float = 0.01, adaptive: bool = True, lam: float | None = None, log_every_n_steps: int = 1
     ) -> None:

@@ -8,6 +8,7 @@ from typing_extensions import override
 from lightning_fed.callbacks.penalty import ParameterPenalty
 from lightning_fed.checks import check_real
 from lightning_fed.client import ClientContext
+from lightning_fed.client_group import GroupStep
 
 
 class FedProx(ParameterPenalty):
@@ -65,3 +66,25 @@ class FedProx(ParameterPenalty):
         """μ (w − w^r) per trainable parameter."""
         anchor = client_ctx.global_params
         return {name: self.mu * (p.detach() - anchor[name]) for name, p in params.items()}
+
+    @override
+    def group_gradient(self, params: dict[str, Tensor], step: GroupStep) -> dict[str, Tensor] | None:
+        """μ (w − w^r) for every stepping client, when they share the round's global model as centre."""
+        anchor = _shared_anchor(step)
+        if anchor is None:
+            return None
+        return {name: self.mu * (p - anchor[name]) for name, p in params.items()}
+
+    @override
+    def group_penalty(self, params: dict[str, Tensor], step: GroupStep) -> Tensor | None:
+        anchor = _shared_anchor(step)
+        if anchor is None:
+            return None
+        total = sum(((p - anchor[name]) ** 2).flatten(1).sum(1) for name, p in params.items())
+        return 0.5 * self.mu * total
+
+
+def _shared_anchor(step: GroupStep) -> dict[str, Tensor] | None:
+    """The stepping clients' common centre, or ``None`` when a callback gave some of them another."""
+    anchor = step.contexts[0].global_params
+    return anchor if all(ctx.global_params is anchor for ctx in step.contexts) else None

@@ -14,6 +14,7 @@ from typing_extensions import override
 from lightning_fed.callbacks.base import FedCallback
 from lightning_fed.checks import check_instance, check_int
 from lightning_fed.client import ClientContext
+from lightning_fed.client_group import GroupStep
 from lightning_fed.functional.gradients import add_to_grad_
 
 if TYPE_CHECKING:
@@ -34,10 +35,16 @@ class ParameterPenalty(FedCallback, ABC):
     (``requires_grad`` ones only), keyed by ``named_parameters`` names. Anything the penalty is measured against
     (the global model, a Fisher) must be detached: the penalty's gradient is taken with respect to ``params`` only.
 
+    Clients trained side by side (``client_parallelism``) get the same gradient and logged value per client from
+    :meth:`on_group_before_optimizer_step`, which calls :meth:`gradient` on each client's slice of the stacked
+    parameters; a subclass may override :meth:`group_gradient` with a vectorised form.
+
     Args:
         log_name: Key the penalty value is logged under.
         log_every_n_steps: Log the value every n local steps (it costs one extra pass over the parameters).
     """
+
+    supports_batched_clients = True
 
     def __init__(self, log_name: str, log_every_n_steps: int = 1) -> None:
         self.log_name = check_instance("log_name", log_name, str, "a string")
@@ -77,3 +84,44 @@ class ParameterPenalty(FedCallback, ABC):
         with torch.no_grad():
             if client_ctx.num_steps % self.log_every_n_steps == 0:
                 pl_module.log(self.log_name, self.penalty({n: p.detach() for n, p in params.items()}, client_ctx))
+
+    def group_gradient(self, params: dict[str, Tensor], step: GroupStep) -> dict[str, Tensor] | None:
+        """The penalty's gradient for every stepping client at once (stacked like ``params``), or ``None`` to take
+        each client's :meth:`gradient` in turn. Only called when the penalty is active for every stepping client."""
+        return None
+
+    def group_penalty(self, params: dict[str, Tensor], step: GroupStep) -> Tensor | None:
+        """Every stepping client's penalty value ``[clients]``, or ``None`` to take each client's :meth:`penalty`."""
+        return None
+
+    @override
+    def on_group_before_optimizer_step(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
+    ) -> None:
+        contexts = step.contexts
+        active = [self.is_active(ctx) for ctx in contexts]
+        if not any(active):
+            return
+        params = {name: p.detach() for name, p in step.params.items()}
+        stacked = self.group_gradient(params, step) if all(active) else None
+        if stacked is not None:
+            for name, grad in stacked.items():
+                step.grads[name].add_(grad.to(step.grads[name].dtype))
+        else:
+            for position, ctx in enumerate(contexts):
+                if active[position]:
+                    own = {name: p[position] for name, p in params.items()}
+                    for name, grad in self.gradient(own, ctx).items():
+                        step.grads[name][position].add_(grad.to(step.grads[name].dtype))
+        # Every stepping client has taken the same number of steps, so they log together or not at all.
+        if contexts[0].num_steps % self.log_every_n_steps != 0:
+            return
+        with torch.no_grad():
+            values = self.group_penalty(params, step) if all(active) else None
+            for position, ctx in enumerate(contexts):
+                if active[position]:
+                    value = values[position] if values is not None else self._own_penalty(params, position, ctx)
+                    step.log(position, self.log_name, value)
+
+    def _own_penalty(self, params: dict[str, Tensor], position: int, client_ctx: ClientContext) -> Tensor:
+        return self.penalty({name: p[position] for name, p in params.items()}, client_ctx)

@@ -24,6 +24,9 @@ class RoundProgressBar(FedCallback, ProgressBar):
     ``enable_progress_bar`` is true and no other progress bar is given.
     """
 
+    # Counting finished clients is the same whether they train alone or side by side.
+    supports_batched_clients = True
+
     def __init__(self) -> None:
         super().__init__()
         self._enabled = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -13,6 +14,7 @@ from lightning_fed.aggregators.fedavg import FedAvg
 from lightning_fed.callbacks.base import FedCallback, federated_trainer
 from lightning_fed.checks import InvalidArgumentError
 from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.client_group import GroupStep
 from lightning_fed.functional.gradients import add_to_grad_
 from lightning_fed.functional.scaffold import (
     client_control_update,
@@ -76,19 +78,19 @@ class Scaffold(FedCallback, CrossProcessState):
           unit learning rate instead; the controls stay consistent because the correction is measured in the same
           units. Weight decay is part of :math:`g_i`.
         * Logs ``scaffold/server_control_norm`` (:math:`\lVert c \rVert_2`) each round.
+        * A client's :math:`c_i` and correction live in its ``client_ctx.extras["scaffold"]`` while it trains, so
+          clients trained side by side (``client_parallelism``) each apply their own, stacked.
     """
 
     supports_loss_scaling = False
+    supports_batched_clients = True
     namespace = "scaffold"
 
     def __init__(self) -> None:
         self._server_control: StateDict = {}
         self._device_control: StateDict = {}
-        self._client_control: StateDict = {}
-        self._correction: StateDict = {}
         # Whether the correction goes through .grad (plain SGD) or onto the weights after each step (the rest).
         self._through_grad = True
-        self._step_lrs: dict[str, float] | None = None
         # Round state (declared in on_round_start): the sum of the clients' control changes, and their number.
         self._delta_sum: StateDict = {}
         self._num_deltas = 0
@@ -128,11 +130,10 @@ class Scaffold(FedCallback, CrossProcessState):
         stored = client_ctx.store.get(self.namespace, client_ctx.client_id)
         server = self._device_control
         if stored is None:
-            self._client_control = {name: torch.zeros_like(c) for name, c in server.items()}
+            control = {name: torch.zeros_like(c) for name, c in server.items()}
         else:
-            self._client_control = {name: stored[name].to(server[name].device) for name in server}
-        self._correction = gradient_correction(server, self._client_control)
-        self._step_lrs = None
+            control = {name: stored[name].to(server[name].device) for name in server}
+        client_ctx.extras[self.namespace] = _ClientControl(control, gradient_correction(server, control))
 
     @override
     def on_client_before_optimizer_step(
@@ -140,8 +141,9 @@ class Scaffold(FedCallback, CrossProcessState):
     ) -> None:
         if not self._through_grad:
             return
+        corrections = client_ctx.extras[self.namespace].correction
         for name, param in pl_module.named_parameters():
-            correction = self._correction.get(name)
+            correction = corrections.get(name)
             if correction is not None:
                 add_to_grad_(param, correction)
 
@@ -151,14 +153,36 @@ class Scaffold(FedCallback, CrossProcessState):
     ) -> None:
         if self._through_grad:
             return
+        own = client_ctx.extras[self.namespace]
         # Learning rates move only between rounds (epoch-interval schedulers), so the client's are read once.
-        if self._step_lrs is None:
-            self._step_lrs = _parameter_lrs(pl_module, optimizer, self._correction)
+        if own.lrs is None:
+            own.lrs = _parameter_lrs(pl_module, optimizer, own.correction)
         with torch.no_grad():
             for name, param in pl_module.named_parameters():
-                correction = self._correction.get(name)
+                correction = own.correction.get(name)
                 if correction is not None:
-                    param.sub_(correction.to(param.dtype), alpha=self._step_lrs[name])
+                    param.sub_(correction.to(param.dtype), alpha=own.lrs[name])
+
+    @override
+    def on_group_before_optimizer_step(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
+    ) -> None:
+        if not self._through_grad:
+            return
+        corrections = step.group.stacked(self.namespace, lambda ctx: ctx.extras[self.namespace].correction)
+        for name, grad in step.grads.items():
+            grad.add_(step.select(corrections[name]).to(grad.dtype))
+
+    @override
+    def on_group_after_optimizer_step(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
+    ) -> None:
+        if self._through_grad:
+            return
+        corrections = step.group.stacked(self.namespace, lambda ctx: ctx.extras[self.namespace].correction)
+        lrs = _parameter_lrs(pl_module, trainer.optimizers[0], corrections)
+        for name, param in step.params.items():
+            param.sub_(step.select(corrections[name]).to(param.dtype), alpha=lrs[name])
 
     @override
     def on_client_end(
@@ -168,7 +192,7 @@ class Scaffold(FedCallback, CrossProcessState):
             return
         lrs = _parameter_lrs(pl_module, trainer.optimizers[0], self._device_control)
         new_control, delta = client_control_update(
-            self._client_control,
+            client_ctx.extras[self.namespace].control,
             self._device_control,
             client_ctx.initial_params,
             update.params,
@@ -208,6 +232,15 @@ class Scaffold(FedCallback, CrossProcessState):
     @override
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+@dataclass
+class _ClientControl:
+    """A training client's control variate c_i, its correction c - c_i, and its parameters' learning rates."""
+
+    control: StateDict
+    correction: StateDict
+    lrs: dict[str, float] | None = None
 
 
 def _check_aggregator(aggregator: Any) -> None:

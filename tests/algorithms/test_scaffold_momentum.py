@@ -6,6 +6,7 @@ grows like (A - 1)^r with A ~ 1/(1 - beta) and the run diverges; applied after t
 minimiser of sum_i F_i.
 """
 
+from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
@@ -15,7 +16,7 @@ import torch
 from lightning_fed import FederatedTrainer
 from lightning_fed.aggregators import FedAvg
 from lightning_fed.callbacks import Scaffold
-from lightning_fed.callbacks.scaffold import is_plain_sgd
+from lightning_fed.callbacks.scaffold import _ClientControl, is_plain_sgd
 from lightning_fed.datamodules import DatasetFederated, ShardPartitioner, TensorClassificationDataset
 
 TARGETS = torch.tensor([[4.0, 0.0], [0.0, 3.0], [-2.0, -1.0], [1.0, -4.0]])
@@ -131,13 +132,13 @@ def test_after_step_correction_is_minus_lr_times_c_minus_c_i(tmp_path):
     module = Quadratic(lambda params: torch.optim.Adam(params, lr=0.1))
     optimizer = module.configure_optimizers()
     scaffold._through_grad = False
-    scaffold._correction = {"w": torch.tensor([0.5, -2.0])}
+    ctx = SimpleNamespace(extras={"scaffold": _ClientControl({}, {"w": torch.tensor([0.5, -2.0])})})
     reference = torch.nn.Parameter(module.w.detach().clone())
     reference_opt = torch.optim.Adam([reference], lr=0.1)
     for param, opt in ((module.w, optimizer), (reference, reference_opt)):
         param.grad = torch.tensor([1.0, 1.0])
         opt.step()
-    scaffold.on_client_after_optimizer_step(None, module, None, optimizer)
+    scaffold.on_client_after_optimizer_step(None, module, ctx, optimizer)
     torch.testing.assert_close(module.w.detach(), reference.detach() - 0.1 * torch.tensor([0.5, -2.0]), rtol=0, atol=0)
     # The optimizer's state saw the raw gradient only.
     torch.testing.assert_close(optimizer.state[module.w]["exp_avg"], reference_opt.state[reference]["exp_avg"])

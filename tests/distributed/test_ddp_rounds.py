@@ -3,7 +3,8 @@
 Covered: FedAvg (momentum kept per client, BatchNorm with an integer buffer, dropout, a torchmetrics metric),
 SCAFFOLD with FedCurv and rFedAvg v1 (per-client state and server sums), q-FedAvg with one declared round state of
 each reduction, FedAMP (every w_j needed by every client), the "a little is enough" attack (the attackers' honest
-updates gathered from every rank), a 2-process run SIGKILLed and resumed, and logging once.
+updates gathered from every rank), clients trained side by side (``client_parallelism=2``, SCAFFOLD with momentum
+and FedProx), a 2-process run SIGKILLed and resumed, and logging once.
 
 The 2-process runs start as subprocesses of ``tests/helpers/distributed_run.py`` (Lightning relaunches the script
 for rank 1), all at once, since most of their wall time is process start-up; the 1-process references run here.
@@ -29,7 +30,7 @@ from helpers.resume import _equal
 from lightning_fed.attacks import choose_malicious
 
 SCRIPT = Path(__file__).parents[1] / "helpers" / "distributed_run.py"
-ALGORITHMS = ("fedavg", "stateful", "qfedavg", "fedamp", "attacks")
+ALGORITHMS = ("fedavg", "stateful", "qfedavg", "fedamp", "attacks", "batched")
 KILL = ("2", "0")  # rank 0's first client of the last round: rounds 0 and 1 are checkpointed
 
 
@@ -202,6 +203,13 @@ def test_alie_attack_two_processes_equal_one(two_process_runs, tmp_path):
     ]
     assert rounds_on_both
     assert all(entry["attack/malicious_sampled"] >= 1 for entry in two[0]["history"])
+
+
+def test_batched_clients_two_processes_equal_one(two_process_runs, tmp_path):
+    one = _one_process(tmp_path, "batched")
+    two = two_process_runs["batched"]
+    assert one["client_group_size"] == two[0]["client_group_size"] == two[1]["client_group_size"] == 2
+    _assert_same_run(two, one)
 
 
 def test_killed_two_process_run_resumes_bit_identical(two_process_runs):

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers.boring import NUM_CLASSES, BoringClassifier, make_datamodule
 from lightning_fed import FedCallback, FederatedTrainer
 from lightning_fed.aggregators import DPFedAvg, FedAdam, FedAvg, QFedAvg
-from lightning_fed.callbacks import FedCurv, RFedAvg, Scaffold
+from lightning_fed.callbacks import FedCurv, FedProx, RFedAvg, Scaffold
 from lightning_fed.reduction import CrossProcessState
 
 NUM_ROUNDS = 3
@@ -52,6 +52,8 @@ class MetricClassifier(BoringClassifier):
 
 class ClientModels(FedCallback):
     """Keeps each client's locally trained model, per round, on the rank that trained it."""
+
+    supports_batched_clients = True
 
     def __init__(self) -> None:
         self.models: dict[str, dict[str, torch.Tensor]] = {}
@@ -208,6 +210,10 @@ def algorithm(name: str) -> tuple[Any, list[FedCallback], float, bool]:
     if name == "fedadam":
         # Server state (m, v) computed from the reduced mean on every rank; BatchNorm buffers averaged, not stepped.
         return FedAdam(server_lr=0.05), [], 0.0, False
+    if name == "batched":
+        # Clients trained side by side in groups of 2 (client_parallelism=2) with the batched hooks of SCAFFOLD's
+        # after-step correction (momentum) and FedProx's gradient; the module has no BatchNorm or dropout.
+        return FedAvg(weighting="uniform"), [Scaffold(), FedProx(mu=0.1)], 0.9, False
     raise ValueError(f"unknown algorithm {name!r}")
 
 
@@ -222,7 +228,8 @@ def fit(
     torch.set_num_threads(1)
     L.seed_everything(0)
     aggregator, callbacks, momentum, keep_optimizer_state = algorithm(name)
-    module = MetricClassifier(lr=0.1, momentum=momentum, batch_norm=True, dropout=0.2)
+    batched = name == "batched"
+    module = MetricClassifier(lr=0.1, momentum=momentum, batch_norm=not batched, dropout=0.0 if batched else 0.2)
     datamodule = make_datamodule(num_clients=6, num_samples=300, val_fraction=0.1, batch_size=16)
     models = ClientModels()
     extra = [Killer(*kill)] if kill is not None else []
@@ -232,6 +239,7 @@ def fit(
         local_epochs=1,
         aggregator=aggregator,
         keep_optimizer_state=keep_optimizer_state,
+        client_parallelism=2 if batched else 1,
         callbacks=[*callbacks, models, *extra],
         # When to crash is not part of the experiment: the resumed run has no Killer.
         resume_allow_changes=["callbacks.Killer"],
@@ -265,6 +273,7 @@ def result(trainer: FederatedTrainer, models: ClientModels) -> dict[str, Any]:
         "global_step": trainer.global_step,
         "world_size": trainer.world_size,
         "seed": trainer.federation_state.seed,
+        "client_group_size": trainer.fed_runner.batched.size if trainer.fed_runner is not None else None,
     }
 
 
