@@ -23,7 +23,7 @@ COMPOSABLE = {
 
 
 def config_args(config: Path) -> list[str]:
-    if config.parent == CONFIG_ROOT / TUNED_DIR:
+    if config.parent == CONFIG_ROOT.parent / TUNED_DIR:
         # A tuned preset holds only the searched settings; its run composes it after the run's own presets.
         composed = EXPERIMENTS[config.stem].configs
         return [arg for path in composed for arg in ("--config", str(CONFIG_ROOT.parent / path))]
