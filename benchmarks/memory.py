@@ -55,27 +55,27 @@ CONFIGS = [
 ]
 
 
-def _kib_to_mib(kib: float) -> float:
+def kib_to_mib(kib: float) -> float:
     return kib / 1024
 
 
-def _maxrss_mib() -> float:
+def maxrss_mib() -> float:
     value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return value / 2**20 if sys.platform == "darwin" else _kib_to_mib(value)  # bytes on macOS, KiB on Linux
+    return value / 2**20 if sys.platform == "darwin" else kib_to_mib(value)  # bytes on macOS, KiB on Linux
 
 
-def _current_rss_mib() -> float | None:
+def current_rss_mib() -> float | None:
     try:
         with open("/proc/self/status") as status:
             for line in status:
                 if line.startswith("VmRSS:"):
-                    return _kib_to_mib(float(line.split()[1]))
+                    return kib_to_mib(float(line.split()[1]))
     except OSError:
         pass
     return None
 
 
-def _reset_peak() -> bool:
+def reset_peak() -> bool:
     """Resets the resident-set high-water mark (Linux >= 4.0); False where that is not possible."""
     try:
         with open("/proc/self/clear_refs", "w") as refs:
@@ -105,19 +105,19 @@ def child(config: dict, args: argparse.Namespace) -> dict:
     warnings.filterwarnings("ignore")
     if args.threads:
         torch.set_num_threads(args.threads)
-    result: dict = {"after_imports_rss": _current_rss_mib()}
+    result: dict = {"after_imports_rss": current_rss_mib()}
 
     class TrainingStart(Callback):
         """Marks the start of the federated rounds: after data loading, ``setup`` and optimizer configuration."""
 
         def on_train_start(self, trainer, pl_module) -> None:
-            result["peak_before_rounds"] = _maxrss_mib()
-            result["rounds_start_rss"] = _current_rss_mib()
+            result["peak_before_rounds"] = maxrss_mib()
+            result["rounds_start_rss"] = current_rss_mib()
             if args.tracemalloc:
                 result["setup_py_peak"] = tracemalloc.get_traced_memory()[1] / 2**20
                 result["_traced_at_start"] = tracemalloc.get_traced_memory()[0]
                 tracemalloc.reset_peak()
-            result["peak_reset"] = _reset_peak()
+            result["peak_reset"] = reset_peak()
             result["_rounds_start_time"] = time.perf_counter()
 
     if args.tracemalloc:
@@ -153,7 +153,7 @@ def child(config: dict, args: argparse.Namespace) -> dict:
         )
         trainer.fit(module, datamodule=dm)  # the usual flow: fit runs prepare_data and setup
         result["rounds_s"] = time.perf_counter() - result.pop("_rounds_start_time")
-        result["rounds_phase_peak"] = _maxrss_mib()
+        result["rounds_phase_peak"] = maxrss_mib()
         if args.tracemalloc:
             result["rounds_py_peak_over_start"] = (
                 tracemalloc.get_traced_memory()[1] - result.pop("_traced_at_start")

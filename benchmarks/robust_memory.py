@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.memory import current_rss_mib, maxrss_mib, reset_peak
 
 AGGREGATORS = ("fedavg", "normbound+fedavg", "fedmedian", "trimmed_mean", "krum", "multikrum", "bulyan")
 
@@ -52,35 +55,6 @@ def build(name: str, clients: int) -> object:
     return builders[name]()
 
 
-def _mib(kib: float) -> float:
-    return kib / 1024
-
-
-def _maxrss_mib() -> float:
-    value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return value / 2**20 if sys.platform == "darwin" else _mib(value)  # bytes on macOS, KiB on Linux
-
-
-def _current_rss_mib() -> float | None:
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return _mib(float(line.split()[1]))
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as refs:
-            refs.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def child(name: str, args: argparse.Namespace) -> dict:
     """One aggregator's rounds, in this (fresh) process."""
     import torch
@@ -97,8 +71,8 @@ def child(name: str, args: argparse.Namespace) -> dict:
     client_ids = list(range(args.clients))
     local = {k: torch.empty_like(v) for k, v in global_params.items()}
     result: dict = {"aggregator": repr(aggregator), "parameters": sum(v.numel() for v in global_params.values())}
-    result["start_rss"] = _current_rss_mib()
-    result["peak_reset"] = _reset_peak()
+    result["start_rss"] = current_rss_mib()
+    result["peak_reset"] = reset_peak()
     update_times, compute_times = [], []
     for round_idx in range(args.rounds):
         ctx = RoundContext(round_idx, client_ids, global_params, dict.fromkeys(client_ids, 600), ClientStateStore())
@@ -116,7 +90,7 @@ def child(name: str, args: argparse.Namespace) -> dict:
         update_times.append(spent)
     result["update_s"] = statistics.median(update_times)
     result["compute_s"] = statistics.median(compute_times)
-    result["peak_rss"] = _maxrss_mib()
+    result["peak_rss"] = maxrss_mib()
     if result["peak_reset"] and result["start_rss"] is not None:
         result["rounds_over_start"] = result["peak_rss"] - result["start_rss"]
     return result

@@ -47,6 +47,8 @@ class FedAdagrad(AdaptiveServerOptimizer):
         weighting: FedAvg's ``"num_samples"`` or ``"uniform"`` weights :math:`p_k`.
     """
 
+    repr_arguments = ("server_lr", "beta1", "tau", "weighting")
+
     def __init__(
         self,
         server_lr: float = 0.01,
@@ -59,13 +61,6 @@ class FedAdagrad(AdaptiveServerOptimizer):
     @override
     def second_moment(self, v: Tensor, delta: Tensor) -> Tensor:
         return adagrad_second_moment(v, delta)
-
-    @override
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(server_lr={self.server_lr}, beta1={self.beta1}, tau={self.tau},"
-            f" weighting={self.weighting!r})"
-        )
 
 
 __all__ = ["FedAdagrad"]

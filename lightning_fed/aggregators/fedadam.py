@@ -47,6 +47,8 @@ class FedAdam(AdaptiveServerOptimizer):
         weighting: FedAvg's ``"num_samples"`` or ``"uniform"`` weights :math:`p_k`.
     """
 
+    repr_arguments = ("server_lr", "beta1", "beta2", "tau", "weighting")
+
     def __init__(
         self,
         server_lr: float = 0.01,
@@ -61,13 +63,6 @@ class FedAdam(AdaptiveServerOptimizer):
     @override
     def second_moment(self, v: Tensor, delta: Tensor) -> Tensor:
         return adam_second_moment(v, delta, self.beta2)
-
-    @override
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(server_lr={self.server_lr}, beta1={self.beta1}, beta2={self.beta2}, tau={self.tau},"
-            f" weighting={self.weighting!r})"
-        )
 
 
 __all__ = ["FedAdam"]

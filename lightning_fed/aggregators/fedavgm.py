@@ -44,6 +44,8 @@ class FedAvgM(ServerOptimizer):
 
     buffer_names = ("momentum",)
 
+    repr_arguments = ("server_lr", "momentum", "nesterov", "weighting")
+
     def __init__(
         self,
         server_lr: float = 1.0,
@@ -59,13 +61,6 @@ class FedAvgM(ServerOptimizer):
     def step_parameter(self, buffers: dict[str, Tensor], delta: Tensor) -> tuple[dict[str, Tensor], Tensor]:
         velocity, direction = heavy_ball(buffers["momentum"], delta, self.momentum, self.nesterov)
         return {"momentum": velocity}, self.server_lr * direction
-
-    @override
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(server_lr={self.server_lr}, momentum={self.momentum}, nesterov={self.nesterov},"
-            f" weighting={self.weighting!r})"
-        )
 
 
 __all__ = ["FedAvgM"]

@@ -49,6 +49,8 @@ class FedYogi(AdaptiveServerOptimizer):
         weighting: FedAvg's ``"num_samples"`` or ``"uniform"`` weights :math:`p_k`.
     """
 
+    repr_arguments = ("server_lr", "beta1", "beta2", "tau", "weighting")
+
     def __init__(
         self,
         server_lr: float = 0.01,
@@ -63,13 +65,6 @@ class FedYogi(AdaptiveServerOptimizer):
     @override
     def second_moment(self, v: Tensor, delta: Tensor) -> Tensor:
         return yogi_second_moment(v, delta, self.beta2)
-
-    @override
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(server_lr={self.server_lr}, beta1={self.beta1}, beta2={self.beta2}, tau={self.tau},"
-            f" weighting={self.weighting!r})"
-        )
 
 
 __all__ = ["FedYogi"]

@@ -31,11 +31,18 @@ class ServerOptimizer(FedAvg):
     """
 
     buffer_names: tuple[str, ...] = ()
+    #: The constructor arguments ``repr`` shows, in order; each is an attribute of the same name.
+    repr_arguments: tuple[str, ...] = ("server_lr", "weighting")
 
     def __init__(self, weighting: Literal["num_samples", "uniform"], server_lr: float) -> None:
         super().__init__(weighting=weighting, server_lr=server_lr)
         self.buffers: dict[str, StateDict] = {kind: {} for kind in self.buffer_names}
         self.num_steps = 0
+
+    @override
+    def __repr__(self) -> str:
+        arguments = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.repr_arguments)
+        return f"{type(self).__name__}({arguments})"
 
     @property
     @override
