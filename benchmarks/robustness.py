@@ -44,8 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.speed import SubsampledIidPartitioner
-from lightning_fed import FederatedTrainer
+from benchmarks.speed import SubsampledIidPartitioner, benchmark_trainer
 from lightning_fed.aggregators.base import Aggregator
 from lightning_fed.attacks import ATTACKS, MaliciousClients, num_malicious
 from lightning_fed.datamodules import FashionMNISTFederated
@@ -131,23 +130,14 @@ def run_one(
 ) -> float:
     """Final global test accuracy of one run."""
     callbacks = [MaliciousClients(fraction, attack)] if fraction > 0 else []
-    trainer = FederatedTrainer(
-        num_rounds=args.rounds,
-        clients_per_round=args.clients,
-        local_epochs=1,
+    trainer = benchmark_trainer(
+        args.rounds,
+        args.clients,
+        seed,
+        root,
         aggregator=aggregator,
         callbacks=callbacks,
-        client_eval="none",
         eval_every_n_rounds=args.rounds,  # the global model is tested after the last round only
-        seed=seed,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        accelerator="cpu",
-        devices=1,
-        default_root_dir=root,
         run_dir=str(Path(root) / f"run_{time.monotonic_ns()}"),
     )
     with quiet():
