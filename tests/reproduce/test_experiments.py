@@ -48,7 +48,9 @@ def test_smoke_keeps_what_each_verdict_requires():
 
 def test_profile_scaling():
     run = EXPERIMENTS["fedgg_paper_beta01"]
-    assert run.cli_args("small") == ["--config", "configs/experiments/fedgg_paper_beta01.yaml"]
+    # The small profile is the presets as they are: the run's YAML files (its tuned preset last), nothing else.
+    assert run.cli_args("small") == [flag for config in run.configs for flag in ("--config", config)]
+    assert run.configs[0] == "configs/experiments/fedgg_paper_beta01.yaml"
     assert "100" in run.cli_args("full")
     with pytest.raises(ValueError, match="`profile`"):
         run.cli_args("huge")
