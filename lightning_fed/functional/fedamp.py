@@ -125,7 +125,10 @@ def fedamp_weights(
     log_weights = fedamp_log_weights(squared_distances, alpha_k, sigma)
     weights = log_weights.exp()
     others = weights.sum(dim=1)
-    negative = others > 1.0
+    # At the documented safe bound alpha_k = sigma / (m - 1) with identical models (round 1), the row sum is 1 up
+    # to the rounding of m - 1 terms; that is a zero self-weight, not a negative one.
+    rounding = max(len(others), 1) * torch.finfo(torch.float64).eps
+    negative = others > 1.0 + rounding
     if negative.any():
         rows = negative.nonzero().flatten().tolist()
         warnings.warn(
@@ -137,7 +140,7 @@ def fedamp_weights(
             stacklevel=2,
         )
         weights[negative] = weights[negative] / others[negative].unsqueeze(1)
-    weights += torch.diag(torch.where(negative, torch.zeros_like(others), 1.0 - others))
+    weights += torch.diag(torch.where(negative, torch.zeros_like(others), (1.0 - others).clamp_min(0.0)))
     _warn_isolated(log_weights, squared_distances, sigma, resolution)
     return weights
 

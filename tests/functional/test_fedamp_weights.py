@@ -75,6 +75,18 @@ def test_negative_self_weight_is_clipped_renormalised_and_warned_about():
     torch.testing.assert_close(xi[0, 1:], torch.full((3,), 1 / 3, dtype=torch.float64))
 
 
+def test_the_documented_safe_alpha_k_gives_no_warning_on_identical_models():
+    # alpha_k = sigma / (m - 1) and identical models (every run's first round): xi_ij = 1 / (m - 1) exactly, so
+    # the self-weight is 0 up to rounding; that must not be reported as a negative self-weight.
+    m = 20
+    for sigma in (0.05, 0.5, 5.0, 50.0):  # 0.5, 5 and 50 round the row sum up to 1 + 2.2e-16
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FedAMPWeightWarning)
+            xi = fedamp_weights(torch.zeros(m, m, dtype=torch.float64), alpha_k=sigma / (m - 1), sigma=sigma)
+        assert (xi.diagonal() >= 0).all() and (xi.diagonal() < 1e-12).all()
+        torch.testing.assert_close(xi.sum(1), torch.ones(m, dtype=torch.float64))
+
+
 def test_clipping_keeps_the_relative_attention_of_a_row():
     distances = torch.tensor([[0.0, 0.1, 2.0], [0.1, 0.0, 0.5], [2.0, 0.5, 0.0]], dtype=torch.float64)
     with pytest.warns(FedAMPWeightWarning):
