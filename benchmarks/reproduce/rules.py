@@ -110,7 +110,7 @@ def fedamp_practical(fedamp: float, separate: float, fedavg: float) -> Verdict:
 
 
 def _rounds(rounds: float | None) -> str:
-    return "never" if rounds is None else f"{rounds:g}"
+    return "never reaches it" if rounds is None else f"{rounds:g} rounds"
 
 
 def fewer_rounds(
@@ -122,7 +122,7 @@ def fewer_rounds(
     not: in as many or more, or never. When FedAvg never gets there (possible only with a target above its best)
     the method reaching it counts as a speed-up.
     """
-    ours = f"to {pct(target)}: {method} {_rounds(rounds)} rounds, FedAvg {_rounds(baseline_rounds)}"
+    ours = f"to {pct(target)}: {method} {_rounds(rounds)}, FedAvg {_rounds(baseline_rounds)}"
     if rounds is None:
         return Verdict(NOT, ours)
     if baseline_rounds is None:

@@ -100,7 +100,9 @@ def test_fedamp_practical(fedamp, separate, fedavg, expected):
     ],
 )
 def test_fewer_rounds(rounds, baseline_rounds, expected):
-    assert fewer_rounds("FedCurv", rounds, baseline_rounds, 0.9, speedup_needed=1.2).verdict == expected
+    verdict = fewer_rounds("FedCurv", rounds, baseline_rounds, 0.9, speedup_needed=1.2)
+    assert verdict.verdict == expected
+    assert ("FedCurv never reaches it" in verdict.ours) == (rounds is None)
 
 
 @pytest.mark.parametrize(
