@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from lightning_fed.callbacks.base import FedCallback
 from lightning_fed.functional.stacked_optim import unsupported_optimizer
 from lightning_fed.local_training import _BATCH_HOOKS, _TRANSFER_HOOKS, accumulation_of, isolated_pass, loss_of
+from lightning_fed.log_buffer import routed_logging
 from lightning_fed.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -48,24 +49,13 @@ class TrainingStep(nn.Module):
         return self.module.training_step(batch, batch_idx)
 
     def run(self, params: Mapping[str, Tensor], batch: Any, batch_idx: int, log: Callable[..., None]) -> Any:
-        module = self.module
-        previous = {name: module.__dict__.get(name) for name in ("log", "log_dict")}
-        module.__dict__["log"] = log
-
         def log_dict(values: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
             for name, value in values.items():
                 log(name, value, *args, **kwargs)
 
-        module.__dict__["log_dict"] = log_dict
-        try:
+        with routed_logging(self.module, log, log_dict):
             named = {f"module.{name}": tensor for name, tensor in params.items()}
             return torch.func.functional_call(self, named, (batch, batch_idx))
-        finally:
-            for name, method in previous.items():
-                if method is None:
-                    module.__dict__.pop(name, None)
-                else:
-                    module.__dict__[name] = method
 
 
 class GroupLogBuffer:

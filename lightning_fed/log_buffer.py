@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -81,11 +81,19 @@ def buffered_logging(module: LightningModule, buffer: LogBuffer) -> Iterator[Log
     Blocks nest: leaving one restores whatever routing was there before (e.g. a Fisher pass inside a client's
     training), and leaving the outermost restores Lightning's own ``log``.
     """
-    previous = {name: module.__dict__.get(name) for name in ("log", "log_dict")}
-    module.__dict__["log"] = buffer.log
-    module.__dict__["log_dict"] = buffer.log_dict
-    try:
+    with routed_logging(module, buffer.log, buffer.log_dict):
         yield buffer
+
+
+@contextmanager
+def routed_logging(module: LightningModule, log: Callable[..., None], log_dict: Callable[..., None]) -> Iterator[None]:
+    """Replaces ``module.log`` and ``module.log_dict`` for the block (instance attributes, so Lightning's methods
+    are untouched), and restores whatever was there before on the way out."""
+    previous = {name: module.__dict__.get(name) for name in ("log", "log_dict")}
+    module.__dict__["log"] = log
+    module.__dict__["log_dict"] = log_dict
+    try:
+        yield
     finally:
         for name, method in previous.items():
             if method is None:
@@ -94,4 +102,4 @@ def buffered_logging(module: LightningModule, buffer: LogBuffer) -> Iterator[Log
                 module.__dict__[name] = method
 
 
-__all__ = ["LogBuffer", "batch_size_of", "buffered_logging", "reset_metrics"]
+__all__ = ["LogBuffer", "batch_size_of", "buffered_logging", "reset_metrics", "routed_logging"]
