@@ -1,9 +1,12 @@
 """``lightning-fed reproduce --tune``: the same hyperparameter search for every method, chosen on validation data.
 
-Every method of a comparison, baselines included, gets :data:`BUDGET` settings: three values of its own
-hyperparameter (FedAMP's and HeurFedAMP's λ/α_k, FedProx's μ, FedCurv's λ, rFedAvg's λ, FedGG's μ, q-FedAvg's q,
-APFL's α, the fine-tuning epochs) crossed with three learning rates, or nine learning rates for a method that has
-none of its own (FedAvg, Separate, SCAFFOLD). A tuning run is its preset with one setting and
+Every method of a comparison, baselines included, gets :data:`BUDGET` settings over the same learning-rate range:
+three values of its own hyperparameter (FedAMP's and HeurFedAMP's λ/α_k, FedProx's μ, FedCurv's λ, rFedAvg's λ,
+FedGG's μ, q-FedAvg's q, APFL's α, the fine-tuning epochs) crossed with the comparison's three learning rates, or,
+for a method that has none of its own (FedAvg, Separate, SCAFFOLD), nine learning rates spaced geometrically between
+the same lowest and highest ones (:func:`lr_span`). The range is shared so that no method can win by a learning rate
+that its rivals were not allowed. On FedAMP's practical split, FedAMP's σ is searched instead of λ/α_k (see
+:func:`_fedamp_practical`). A tuning run is its preset with one setting and
 ``evaluation_split: validation``: it is evaluated on a validation set carved from the training data (the global
 one, and per client a holdout of its own training split), never on test data. The setting whose validation score
 is highest is chosen, with the claim's own metric: BMTA for the personalised comparisons, the mean of the last five
@@ -72,40 +75,64 @@ def _heurfedamp(lrs: Sequence[float], alpha_k: float = 0.1414) -> tuple[Setting,
     return tuple({"HeurFedAMP.lam": round(ratio * alpha_k, 6), "lr": lr} for ratio in _PROX_RATIOS for lr in lrs)
 
 
-#: Learning rates: three for a method with a hyperparameter of its own, nine for one without (same budget).
+def lr_span(lrs: Sequence[float], points: int = BUDGET) -> tuple[float, ...]:
+    """``points`` learning rates spaced geometrically from ``min(lrs)`` to ``max(lrs)``, to 3 significant digits.
+
+    The grid of a method without a hyperparameter of its own: as many settings as its rivals get, over their range.
+    """
+    low, high = min(lrs), max(lrs)
+    return tuple(float(f"{low * (high / low) ** (step / (points - 1)):.3g}") for step in range(points))
+
+
+def _fedamp_practical(lrs: Sequence[float], ratio: float = 0.1) -> tuple[Setting, ...]:
+    """σ crossed with the learning rate at λ/α_k = 0.1, α_k = σ/19.
+
+    On the practical split σ = 0.05 (chosen on the pathological split) drives ξ_ii to 1 within 11 rounds, so FedAMP
+    is Separate; σ decides how much a client takes from the others. λ/α_k = 0.1 was the earlier search's choice on
+    this split at every learning rate (72.5 / 69.6 / 41.4 % validation BMTA for 0.1 / 1 / 7.07 at lr 0.1). Those
+    9 runs, and a 4-run σ diagnostic at lr 0.1, are extra validation budget that FedAMP alone received.
+    """
+    return tuple(
+        {"FedAMP.sigma": sigma, "FedAMP.alpha_k": sigma / 19, "FedAMP.lam": round(ratio * sigma / 19, 6), "lr": lr}
+        for sigma in (0.05, 5.0, 50.0)
+        for lr in lrs
+    )
+
+
+#: Each comparison's three learning rates (for a method with a hyperparameter of its own); the methods without one
+#: get :func:`lr_span` of the same three.
 _PERSONAL_LRS = (0.05, 0.1, 0.15)
-_PERSONAL_LR_ONLY = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)
+_CURV_LRS, _SIM0_LRS, _FEDGG_LRS = (0.025, 0.05, 0.1), (0.05, 0.1, 0.15), (0.005, 0.01, 0.02)
 
 
 def _personalized(split: str) -> dict[str, tuple[Setting, ...]]:
+    fedamp = _fedamp_practical(_PERSONAL_LRS) if split == "practical" else _fedamp(_PERSONAL_LRS)
     return {
-        f"{split}_fedamp": _fedamp(_PERSONAL_LRS),
+        f"{split}_fedamp": fedamp,
         f"{split}_heurfedamp": _heurfedamp(_PERSONAL_LRS),
-        f"{split}_separate": _grid(lr=_PERSONAL_LR_ONLY),
-        f"{split}_fedavg": _grid(lr=_PERSONAL_LR_ONLY),
+        f"{split}_separate": _grid(lr=lr_span(_PERSONAL_LRS)),
+        f"{split}_fedavg": _grid(lr=lr_span(_PERSONAL_LRS)),
         f"{split}_apfl": _grid(**{"APFL.alpha": (0.25, 0.5, 0.75), "lr": _PERSONAL_LRS}),
         f"{split}_fedavg_ft": _grid(**{"FineTune.epochs": (1, 2, 5), "lr": _PERSONAL_LRS}),
         f"{split}_fedprox_ft": _grid(**{"FedProx.mu": (0.01, 0.1, 1.0), "lr": _PERSONAL_LRS}),
     }
 
 
-_CURV_LRS, _SIM0_LRS, _FEDGG_LRS = (0.025, 0.05, 0.1), (0.05, 0.1, 0.15), (0.005, 0.01, 0.02)
-
 #: The search of every tunable run (the Zhao runs study FedAvg under a data setting and have nothing to choose).
 SEARCHES: dict[str, tuple[Setting, ...]] = {
     **_personalized("pathological"),
     **_personalized("practical"),
     "fedcurv_paper": _grid(**{"FedCurv.lam": (0.01, 0.1, 1.0), "lr": _CURV_LRS}),
-    "fedavg_fedcurv": _grid(lr=(0.01, 0.0175, 0.025, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2)),
+    "fedavg_fedcurv": _grid(lr=lr_span(_CURV_LRS)),
     "rfedavg_paper_sim0": _grid(**{"RFedAvg.lam": (1e-5, 1e-4, 1e-3), "lr": _SIM0_LRS}),
-    "fedavg_rfedavg_sim0": _grid(lr=(0.025, 0.035, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.3)),
+    "fedavg_rfedavg_sim0": _grid(lr=lr_span(_SIM0_LRS)),
     "fedprox_rfedavg_sim0": _grid(**{"FedProx.mu": (0.001, 0.01, 0.1), "lr": _SIM0_LRS}),
-    "scaffold_rfedavg_sim0": _grid(lr=(0.01, 0.0175, 0.025, 0.035, 0.05, 0.075, 0.1, 0.125, 0.15)),
+    "scaffold_rfedavg_sim0": _grid(lr=lr_span(_SIM0_LRS)),
     "qfedavg_rfedavg_sim0": _grid(**{"aggregator.q": (0.1, 1.0, 5.0), "lr": _SIM0_LRS}),
     "fedgg_paper_beta01": _grid(**{"FedGG.mu": (0.001, 0.01, 0.1), "lr": _FEDGG_LRS}),
-    "fedavg_fedgg_beta01": _grid(lr=(0.0025, 0.004, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.03)),
+    "fedavg_fedgg_beta01": _grid(lr=lr_span(_FEDGG_LRS)),
     "fedprox_fedgg_beta01": _grid(**{"FedProx.mu": (0.001, 0.01, 0.1), "lr": _FEDGG_LRS}),
-    "scaffold_fedgg_beta01": _grid(lr=(0.0025, 0.004, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.03)),
+    "scaffold_fedgg_beta01": _grid(lr=lr_span(_FEDGG_LRS)),
 }
 
 
@@ -336,6 +363,7 @@ __all__ = [
     "SEARCHES",
     "SearchResult",
     "collect",
+    "lr_span",
     "compose",
     "selection_metric",
     "setting_overrides",

@@ -14,6 +14,7 @@ from benchmarks.reproduce.tuning import (
     SEARCHES,
     collect,
     compose,
+    lr_span,
     tuning_runs,
     write_tuned_presets,
     write_tuning_report,
@@ -30,6 +31,30 @@ def test_every_compared_method_is_searched_with_the_same_budget():
     assert compared & small <= set(SEARCHES), "a method of a claim in the small profile has no search"
     assert all(len(settings) == BUDGET for settings in SEARCHES.values())
     assert all(len({tuple(sorted(s.items())) for s in settings}) == BUDGET for settings in SEARCHES.values())
+
+
+def test_every_method_of_a_claim_searches_the_same_learning_rate_range():
+    for claim in CLAIMS:
+        searched = [name for name in sorted(claim.runs) if name in SEARCHES]
+        ranges = {
+            name: (min(s["lr"] for s in SEARCHES[name]), max(s["lr"] for s in SEARCHES[name])) for name in searched
+        }
+        assert len(set(ranges.values())) <= 1, f"claim {claim.number}: unequal learning-rate ranges {ranges}"
+
+
+def test_lr_span_spaces_nine_rates_geometrically_between_the_ends():
+    span = lr_span((0.005, 0.01, 0.02))
+    assert len(span) == BUDGET and span[0] == 0.005 and span[-1] == 0.02
+    assert span[4] == pytest.approx(0.01)
+    ratios = [later / earlier for earlier, later in zip(span, span[1:], strict=False)]
+    assert max(ratios) == pytest.approx(min(ratios), rel=0.01)
+
+
+def test_fedamp_searches_sigma_on_the_practical_split_with_the_safe_step():
+    sigmas = {setting["FedAMP.sigma"] for setting in SEARCHES["practical_fedamp"]}
+    assert len(sigmas) == 3 and min(sigmas) == 0.05
+    for setting in SEARCHES["practical_fedamp"]:
+        assert setting["FedAMP.alpha_k"] == pytest.approx(setting["FedAMP.sigma"] / 19)
 
 
 @pytest.fixture(scope="module")
