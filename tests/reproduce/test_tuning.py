@@ -98,11 +98,12 @@ def test_the_best_validation_score_is_chosen_and_a_failed_setting_is_reported(tm
     search = collect("fedavg_fedcurv", results)
     assert search.scores[2] is None and search.scores[3] == pytest.approx(0.72)
     assert search.chosen == 3
+    chosen_lr, failed_lr = (SEARCHES["fedavg_fedcurv"][index]["lr"] for index in (3, 2))
     text = write_tuning_report(tmp_path, [search], {"date": "today"}).read_text()
-    assert "| **lr=0.035** | **72.00** |" in text
-    assert "| lr=0.025 | failed |" in text
+    assert f"| **lr={chosen_lr:g}** | **72.00** |" in text
+    assert f"| lr={failed_lr:g} | failed |" in text
     payload = json.loads((tmp_path / "tuning.json").read_text())
-    assert payload["searches"]["fedavg_fedcurv"]["chosen"] == {"lr": 0.035}
+    assert payload["searches"]["fedavg_fedcurv"]["chosen"] == {"lr": chosen_lr}
 
 
 def test_the_chosen_setting_becomes_a_preset_that_composes_after_the_runs_own(tmp_path, capsys):
@@ -112,14 +113,15 @@ def test_the_chosen_setting_becomes_a_preset_that_composes_after_the_runs_own(tm
     experiment = EXPERIMENTS["fedavg_fedcurv"]
     (preset,) = write_tuned_presets([experiment], [search], ROOT, {"date": "today"}, out_dir=tmp_path / "tuned")
     text = preset.read_text()
+    chosen_lr, third_lr = (SEARCHES["fedavg_fedcurv"][index]["lr"] for index in (3, 2))
     assert preset.name == "fedavg_fedcurv.yaml"
-    assert "# Chosen: lr=0.035." in text and "#   lr=0.025: 60.00 %" in text
+    assert f"# Chosen: lr={chosen_lr:g}." in text and f"#   lr={third_lr:g}: 60.00 %" in text
     base = [str(ROOT / c) for c in experiment.configs if not c.startswith(TUNED_DIR)]
     args = [arg for config in [*base, str(preset)] for arg in ("--config", config)]
     with pytest.raises(SystemExit) as exit_info:
         FederatedCLI(args=["fit", *args, "--trainer.logger", "false", "--print_config"])
     assert exit_info.value.code == 0, capsys.readouterr().err
-    assert "    lr: 0.035\n" in capsys.readouterr().out
+    assert f"    lr: {chosen_lr}\n" in capsys.readouterr().out
 
 
 def test_every_tuned_preset_is_composed_last_by_its_run():
