@@ -12,10 +12,11 @@ one, and per client a holdout of its own training split), never on test data. Th
 is highest is chosen, with the claim's own metric: BMTA for the personalised comparisons, the mean of the last five
 rounds' global accuracy otherwise.
 Tuning uses one seed (0) and, by default, half the ``small`` profile's rounds (``--tune-rounds``), so that the
-whole search (198 runs) fits one session on 2 cores; that favours settings that learn fast, for every method alike.
+whole search (198 runs for the small profile's runs) fits one session on 2 cores; that favours settings that learn
+fast, for every method alike.
 
-The chosen settings are then written into the presets by hand, with the search's table (``TUNING.md``) beside
-them, so that a reader sees what was searched and what won.
+``--write-presets`` writes each chosen setting to ``configs/tuned/<run>.yaml``, with the search's table in the
+file's header, so that a reader sees what was searched and what won.
 """
 
 from __future__ import annotations
