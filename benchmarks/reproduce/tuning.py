@@ -6,7 +6,7 @@ FedGG's μ, q-FedAvg's q, APFL's α, the fine-tuning epochs) crossed with the co
 for a method that has none of its own (FedAvg, Separate, SCAFFOLD), nine learning rates spaced geometrically between
 the same lowest and highest ones (:func:`lr_span`). The range is shared so that no method can win by a learning rate
 that its rivals were not allowed. On FedAMP's practical split, FedAMP's σ is searched instead of λ/α_k (see
-:func:`_fedamp_practical`). A tuning run is its preset with one setting and
+:func:`_fedamp`). A tuning run is its preset with one setting and
 ``evaluation_split: validation``: it is evaluated on a validation set carved from the training data (the global
 one, and per client a holdout of its own training split), never on test data. The setting whose validation score
 is highest is chosen, with the claim's own metric: BMTA for the personalised comparisons, the mean of the last five
@@ -57,16 +57,23 @@ def _grid(**axes: Sequence[Any]) -> tuple[Setting, ...]:
 _PROX_RATIOS = (0.1, 1.0, 7.07)
 
 
-def _fedamp(lrs: Sequence[float], sigma: float = 0.05) -> tuple[Setting, ...]:
-    """λ/α_k crossed with the learning rate, at α_k = σ/19 (the largest step keeping ξ_ii ≥ 0 for 20 clients).
+def _fedamp(
+    lrs: Sequence[float], sigmas: Sequence[float] = (0.05,), ratios: Sequence[float] = _PROX_RATIOS
+) -> tuple[Setting, ...]:
+    """σ × λ/α_k × the learning rate, at α_k = σ/19 (the largest step keeping ξ_ii ≥ 0 for 20 clients).
 
-    σ stays at the preset's 0.05: a pilot search on the validation data (σ ∈ {0.05, 0.5} × λ/α_k, pathological
-    split) scored σ = 0.5 below σ = 0.05 at every λ/α_k (87.5 / 87.2 / 67.0 against 90.1 / 89.5 / 84.5 % BMTA).
+    On the pathological split σ stays at the preset's 0.05: a pilot search on the validation data (σ ∈ {0.05, 0.5}
+    × λ/α_k) scored σ = 0.5 below σ = 0.05 at every λ/α_k (87.5 / 87.2 / 67.0 against 90.1 / 89.5 / 84.5 % BMTA).
+
+    On the practical split σ = 0.05 drives ξ_ii to 1 within 11 rounds, so FedAMP is Separate; σ, which decides how
+    much a client takes from the others, is searched there instead, at λ/α_k = 0.1: the earlier search's choice on
+    that split at every learning rate (72.5 / 69.6 / 41.4 % validation BMTA for 0.1 / 1 / 7.07 at lr 0.1). Those 9
+    runs, and a 4-run σ diagnostic at lr 0.1, are extra validation budget that FedAMP alone received.
     """
-    step = sigma / 19
     return tuple(
-        {"FedAMP.sigma": sigma, "FedAMP.alpha_k": step, "FedAMP.lam": round(ratio * step, 6), "lr": lr}
-        for ratio in _PROX_RATIOS
+        {"FedAMP.sigma": sigma, "FedAMP.alpha_k": sigma / 19, "FedAMP.lam": round(ratio * sigma / 19, 6), "lr": lr}
+        for sigma in sigmas
+        for ratio in ratios
         for lr in lrs
     )
 
@@ -85,29 +92,13 @@ def lr_span(lrs: Sequence[float], points: int = BUDGET) -> tuple[float, ...]:
     return tuple(float(f"{low * (high / low) ** (step / (points - 1)):.3g}") for step in range(points))
 
 
-def _fedamp_practical(lrs: Sequence[float], ratio: float = 0.1) -> tuple[Setting, ...]:
-    """σ crossed with the learning rate at λ/α_k = 0.1, α_k = σ/19.
-
-    On the practical split σ = 0.05 (chosen on the pathological split) drives ξ_ii to 1 within 11 rounds, so FedAMP
-    is Separate; σ decides how much a client takes from the others. λ/α_k = 0.1 was the earlier search's choice on
-    this split at every learning rate (72.5 / 69.6 / 41.4 % validation BMTA for 0.1 / 1 / 7.07 at lr 0.1). Those
-    9 runs, and a 4-run σ diagnostic at lr 0.1, are extra validation budget that FedAMP alone received.
-    """
-    return tuple(
-        {"FedAMP.sigma": sigma, "FedAMP.alpha_k": sigma / 19, "FedAMP.lam": round(ratio * sigma / 19, 6), "lr": lr}
-        for sigma in (0.05, 5.0, 50.0)
-        for lr in lrs
-    )
-
-
 #: Each comparison's three learning rates (for a method with a hyperparameter of its own); the methods without one
 #: get :func:`lr_span` of the same three.
 _PERSONAL_LRS = (0.05, 0.1, 0.15)
 _CURV_LRS, _SIM0_LRS, _FEDGG_LRS = (0.025, 0.05, 0.1), (0.05, 0.1, 0.15), (0.005, 0.01, 0.02)
 
 
-def _personalized(split: str) -> dict[str, tuple[Setting, ...]]:
-    fedamp = _fedamp_practical(_PERSONAL_LRS) if split == "practical" else _fedamp(_PERSONAL_LRS)
+def _personalized(split: str, fedamp: tuple[Setting, ...]) -> dict[str, tuple[Setting, ...]]:
     return {
         f"{split}_fedamp": fedamp,
         f"{split}_heurfedamp": _heurfedamp(_PERSONAL_LRS),
@@ -121,8 +112,8 @@ def _personalized(split: str) -> dict[str, tuple[Setting, ...]]:
 
 #: The search of every tunable run (the Zhao runs study FedAvg under a data setting and have nothing to choose).
 SEARCHES: dict[str, tuple[Setting, ...]] = {
-    **_personalized("pathological"),
-    **_personalized("practical"),
+    **_personalized("pathological", _fedamp(_PERSONAL_LRS)),
+    **_personalized("practical", _fedamp(_PERSONAL_LRS, sigmas=(0.05, 5.0, 50.0), ratios=(0.1,))),
     "fedcurv_paper": _grid(**{"FedCurv.lam": (0.01, 0.1, 1.0), "lr": _CURV_LRS}),
     "fedavg_fedcurv": _grid(lr=lr_span(_CURV_LRS)),
     "rfedavg_paper_sim0": _grid(**{"RFedAvg.lam": (1e-5, 1e-4, 1e-3), "lr": _SIM0_LRS}),
@@ -364,8 +355,8 @@ __all__ = [
     "SEARCHES",
     "SearchResult",
     "collect",
-    "lr_span",
     "compose",
+    "lr_span",
     "selection_metric",
     "setting_overrides",
     "tuned_preset_text",
