@@ -47,7 +47,7 @@ def run_one(config: Path, noise: float, rounds: int | None, root: Path) -> dict[
     start = time.perf_counter()
     with open(run_root / "run.log", "w") as log:
         subprocess.run(
-            [sys.executable, "-m", "lightning_fed.cli", *args], stdout=log, stderr=subprocess.STDOUT, check=True
+            [sys.executable, "-m", "lightning_fed.cli.main", *args], stdout=log, stderr=subprocess.STDOUT, check=True
         )
     wall = time.perf_counter() - start
     summary = max(run_root.glob("runs/*/summary.json"), key=lambda path: path.stat().st_mtime)

@@ -60,8 +60,8 @@ def child(name: str, args: argparse.Namespace) -> dict:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from lightning_fed.client import ClientUpdate, RoundContext
     from lightning_fed.client_store import ClientStateStore
+    from lightning_fed.context import ClientUpdate, RoundContext
     from lightning_fed.models import FedAvgCNN
 
     torch.set_num_threads(args.threads)

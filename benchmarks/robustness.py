@@ -45,7 +45,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.speed import SubsampledIidPartitioner, benchmark_trainer
-from lightning_fed.aggregators.base import Aggregator
+from lightning_fed.aggregation import Aggregator
 from lightning_fed.attacks import ATTACKS, MaliciousClients, num_malicious
 from lightning_fed.datamodules import FashionMNISTFederated
 from lightning_fed.models import MLP, ClassifierModule, LeNet5

@@ -46,7 +46,7 @@ def run(method: str, server_lr: float, seed: int, rounds: int, out: Path) -> dic
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "lightning_fed.cli", "fit", *args], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "lightning_fed.cli.main", "fit", *args], capture_output=True, text=True, env=env
     )
     wall = time.perf_counter() - start
     if done.returncode != 0:

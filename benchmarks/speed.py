@@ -85,8 +85,8 @@ import lightning.pytorch as pl
 from lightning_fed import FederatedTrainer
 from lightning_fed.datamodules import FashionMNISTFederated
 from lightning_fed.datamodules.partitioners import IidPartitioner, Partitioner
+from lightning_fed.engine.seeding import derive_seed
 from lightning_fed.models import ClassifierModule, LeNet5
-from lightning_fed.seeding import derive_seed
 
 GOALS = {32: 1.10, 10: 1.25}
 """Goal for lightning_fed / plain, per batch size."""

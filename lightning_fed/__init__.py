@@ -2,9 +2,9 @@
 
 from lightning_fed.aggregators import Aggregator, FedAdagrad, FedAdam, FedAvg, FedAvgM, FedYogi
 from lightning_fed.callbacks import FedCallback, ParameterPenalty, RoundProgressBar
-from lightning_fed.client import ClientContext, ClientUpdate, RoundContext, RoundResult
-from lightning_fed.client_rejection import ClientDivergedError
 from lightning_fed.client_store import ClientStateStore
+from lightning_fed.context import ClientContext, ClientUpdate, RoundContext, RoundResult
+from lightning_fed.engine.rejection import ClientDivergedError
 from lightning_fed.trainer import FederatedTrainer
 
 __version__ = "0.1.0"

@@ -10,25 +10,24 @@ import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lightning_fed import distributed
 from lightning_fed.aggregators import Aggregator, FedAvg
-from lightning_fed.client import RoundResult
-from lightning_fed.client_rejection import warn_if_many_rejected
-from lightning_fed.distributed import check_world_size
-from lightning_fed.evaluation import add_validation_and_bmta
-from lightning_fed.federation_state import FederationState
-from lightning_fed.fingerprint import Fingerprint, experiment_fingerprint
-from lightning_fed.loop import install_round_loop
-from lightning_fed.reporting import RunReporter, resolve_run_dir
-from lightning_fed.resume import (
+from lightning_fed.context import FederationState, RoundResult
+from lightning_fed.engine.evaluation import add_validation_and_bmta
+from lightning_fed.engine.loop import install_round_loop
+from lightning_fed.engine.rejection import warn_if_many_rejected
+from lightning_fed.engine.round import RoundRunner
+from lightning_fed.engine.sampling import UniformClientSampler
+from lightning_fed.parallel import distributed
+from lightning_fed.parallel.distributed import check_world_size
+from lightning_fed.run.fingerprint import Fingerprint, experiment_fingerprint
+from lightning_fed.run.identity import new_run_dir, open_run
+from lightning_fed.run.reporting import RunReporter, resolve_run_dir
+from lightning_fed.run.resume import (
     evaluation_checkpoint,
     resolve_ckpt_path,
     warn_allowed_changes,
 )
-from lightning_fed.round import RoundRunner
-from lightning_fed.run_identity import new_run_dir, open_run
-from lightning_fed.sampling import UniformClientSampler
-from lightning_fed.setup_checks import (
+from lightning_fed.run.setup_checks import (
     EPOCH_ARGS,
     check_allowed_changes,
     check_client_parallelism,
@@ -38,7 +37,7 @@ from lightning_fed.setup_checks import (
     check_lightning_settings,
     check_round_settings,
 )
-from lightning_fed.trainer_defaults import checkpoints_without_dir, default_callbacks, with_atomic_checkpoints
+from lightning_fed.run.trainer_defaults import checkpoints_without_dir, default_callbacks, with_atomic_checkpoints
 
 
 class FederatedTrainer(Trainer):
@@ -81,7 +80,7 @@ class FederatedTrainer(Trainer):
         resume_allow_changes: Experiment settings allowed to differ from the checkpoint's when resuming, as
             fingerprint keys (``["model.lr", "callbacks.FedProx"]``: a key or a dotted prefix; ``["*"]``: any).
             Without it, resuming with another configuration is an error that lists the differing keys;
-            ``num_rounds`` may always grow. See :mod:`lightning_fed.fingerprint`.
+            ``num_rounds`` may always grow. See :mod:`lightning_fed.run.fingerprint`.
         kwargs: Any other ``lightning.pytorch.Trainer`` argument (callbacks, logger, precision,
             gradient_clip_val, accelerator, ...).
     """
@@ -246,7 +245,7 @@ class FederatedTrainer(Trainer):
 
     @property
     def fed_fingerprint(self) -> Fingerprint | None:
-        """What defines the latest fit's experiment, as checkpoints carry it (:mod:`lightning_fed.fingerprint`)."""
+        """What defines the latest fit's experiment, as checkpoints carry it (:mod:`lightning_fed.run.fingerprint`)."""
         return self._fingerprint
 
     @property
@@ -266,7 +265,7 @@ class FederatedTrainer(Trainer):
 
     @property
     def last_round_result(self) -> RoundResult | None:
-        """The latest round's :class:`~lightning_fed.client.RoundResult` in this process; ``None`` before one."""
+        """The latest round's :class:`~lightning_fed.context.RoundResult` in this process; ``None`` before one."""
         return self._last_round_result
 
     def start_federation(self, count_step: Any) -> RoundRunner:

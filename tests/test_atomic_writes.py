@@ -10,8 +10,8 @@ import pytest
 import torch
 from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
 
-from lightning_fed.atomic import DiskFullError, atomic_write, write_text_atomic
-from lightning_fed.checkpoint_io import AtomicCheckpointIO
+from lightning_fed.run.checkpoint_io import AtomicCheckpointIO
+from lightning_fed.utilities.atomic import DiskFullError, atomic_write, write_text_atomic
 
 
 def _interrupt(*args, **kwargs):

@@ -5,7 +5,7 @@ import pytest
 
 from benchmarks.reproduce.experiments import EXPERIMENTS, TUNED_DIR
 from lightning_fed import FederatedTrainer
-from lightning_fed.cli import FederatedCLI
+from lightning_fed.cli.main import FederatedCLI
 
 # W&B sweep files (`*.sweep.yaml`) drive `lightning-fed fit`; they are not CLI configs themselves.
 CONFIGS = sorted(

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_fed.cli import main
-from lightning_fed.cli_errors import TRACEBACK_ENV, parser_error_line
+from lightning_fed.cli.errors import TRACEBACK_ENV, parser_error_line
+from lightning_fed.cli.main import main
 
 BASE = """\
 seed_everything: 0
@@ -327,7 +327,7 @@ def test_console_shows_no_traceback(args, expected, setup_files):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "WANDB_MODE": "offline"}
     env.pop(TRACEBACK_ENV, None)
     result = subprocess.run(
-        [sys.executable, "-m", "lightning_fed.cli", "fit", "--config", str(config)]
+        [sys.executable, "-m", "lightning_fed.cli.main", "fit", "--config", str(config)]
         + ["--trainer.default_root_dir", str(root), *args],
         capture_output=True,
         text=True,

@@ -15,9 +15,15 @@ from torchmetrics import MeanMetric
 
 from lightning_fed.aggregators import FedAvg
 from lightning_fed.callbacks import APFL, FedProx, Scaffold, WeightDivergence
-from lightning_fed.callbacks.base import FedCallback
-from lightning_fed.local_training import _BATCH_HOOKS, _TRANSFER_HOOKS, LocalTrainer, isolated_pass, step_gradient
-from lightning_fed.log_buffer import LogBuffer, buffered_logging
+from lightning_fed.engine.local_training import (
+    _BATCH_HOOKS,
+    _TRANSFER_HOOKS,
+    LocalTrainer,
+    isolated_pass,
+    step_gradient,
+)
+from lightning_fed.engine.log_buffer import LogBuffer, buffered_logging
+from lightning_fed.hooks import FedCallback
 
 
 def _by_identity(obj, base, hook):

@@ -4,7 +4,7 @@ import torch
 from helpers.boring import BoringClassifier, HookRecorder, fast_trainer, global_weights, make_datamodule
 
 from lightning_fed import ClientDivergedError, FedCallback
-from lightning_fed.seeding import derive_seed
+from lightning_fed.engine.seeding import derive_seed
 
 
 def test_one_client_one_epoch_equals_centralised_lightning_training(tmp_path):
@@ -128,7 +128,7 @@ def test_store_writes_made_before_a_rejected_update_are_undone(tmp_path):
 
 
 def test_a_run_with_many_rejected_updates_warns_at_its_end(tmp_path):
-    from lightning_fed.client_rejection import rejection_warning, warn_if_many_rejected
+    from lightning_fed.engine.rejection import rejection_warning, warn_if_many_rejected
 
     dm = make_datamodule(num_clients=3)
     trainer = fast_trainer(tmp_path, num_rounds=3, clients_per_round=3, callbacks=[_PoisonOnce(0, 2)])

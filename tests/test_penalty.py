@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule, make_tensors
 
 from lightning_fed import ClientContext, ClientStateStore, ParameterPenalty
-from lightning_fed.log_buffer import LogBuffer, buffered_logging
+from lightning_fed.engine.log_buffer import LogBuffer, buffered_logging
 
 
 class Prox(ParameterPenalty):

@@ -11,7 +11,7 @@ import pytest
 import torchvision
 from helpers.tiny_data import write_cifar10, write_femnist, write_sent140, write_shakespeare
 
-from lightning_fed.cli import FederatedCLI
+from lightning_fed.cli.main import FederatedCLI
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 FEDPROX = "trainer:\n  callbacks:\n    - class_path: lightning_fed.callbacks.FedProx\n      init_args: {mu: 0.01}\n"

@@ -12,8 +12,8 @@ from lightning_fed.aggregators import QFedAvg
 from lightning_fed.callbacks import FedProx
 from lightning_fed.checks import InvalidArgumentError
 from lightning_fed.datamodules import DirichletPartitioner
-from lightning_fed.fingerprint import differences, experiment_fingerprint, format_differences, is_allowed
-from lightning_fed.resume import ResumeError
+from lightning_fed.run.fingerprint import differences, experiment_fingerprint, format_differences, is_allowed
+from lightning_fed.run.resume import ResumeError
 
 
 def _trainer(root, **kwargs):

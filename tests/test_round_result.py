@@ -5,9 +5,9 @@ from typing import Any
 from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
 
 from lightning_fed import FedCallback
-from lightning_fed.client import RoundContext, RoundResult
 from lightning_fed.client_store import ClientStateStore
-from lightning_fed.reporting import RunReporter
+from lightning_fed.context import RoundContext, RoundResult
+from lightning_fed.run.reporting import RunReporter
 
 
 class _Reports(FedCallback):
@@ -50,7 +50,7 @@ class _FakeExperiment:
 
 
 def test_every_logged_group_goes_on_the_round_axis_once(tmp_path, monkeypatch):
-    from lightning_fed import reporting
+    from lightning_fed.run import reporting
 
     experiment = _FakeExperiment()
     fake_logger = type("L", (), {"experiment": experiment, "log_metrics": lambda self, metrics, step: None})()

@@ -10,8 +10,8 @@ from pathlib import Path
 import yaml
 from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
 
-from lightning_fed import run_identity
 from lightning_fed.loggers import WandbLogger
+from lightning_fed.run import identity as run_identity
 
 ROOT = Path(__file__).parents[1]
 SWEEP_BASE = ROOT / "configs" / "sweeps" / "mnist1d_fedavg.yaml"
@@ -84,7 +84,7 @@ def test_four_concurrent_fits_into_one_root_keep_their_runs_apart(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "lightning_fed.cli",
+                "lightning_fed.cli.main",
                 "fit",
                 "--config",
                 str(SWEEP_BASE),

@@ -1,6 +1,6 @@
 import pytest
 
-from lightning_fed.sampling import UniformClientSampler
+from lightning_fed.engine.sampling import UniformClientSampler
 
 
 def test_same_seed_same_round_same_clients_regardless_of_history():

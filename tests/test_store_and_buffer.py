@@ -5,7 +5,7 @@ import torch
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_fed import ClientStateStore
-from lightning_fed.log_buffer import LogBuffer
+from lightning_fed.engine.log_buffer import LogBuffer
 
 
 def test_store_copies_to_cpu_and_round_trips_through_a_weights_only_checkpoint():
@@ -50,7 +50,7 @@ def test_log_buffer_computes_and_resets_torchmetrics():
 def test_buffered_logging_nests_and_restores_lightning_log():
     from lightning.pytorch import LightningModule
 
-    from lightning_fed.log_buffer import buffered_logging
+    from lightning_fed.engine.log_buffer import buffered_logging
 
     module = LightningModule()
     outer, inner = LogBuffer(), LogBuffer()

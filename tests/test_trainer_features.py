@@ -172,7 +172,7 @@ def test_step_interval_scheduler_is_refused(tmp_path):
 def test_fp16_loss_scaling_is_refused_for_algorithms_that_count_steps(tmp_path):
     from types import SimpleNamespace
 
-    from lightning_fed.setup_checks import check_module_setup
+    from lightning_fed.run.setup_checks import check_module_setup
 
     class CountsSteps(FedCallback):
         supports_loss_scaling = False
@@ -199,7 +199,8 @@ def test_timestamped_run_dir_is_resolved_once_per_fit(tmp_path, monkeypatch):
     when the clock moves on between them."""
     import itertools
 
-    from lightning_fed import reporting, run_identity
+    from lightning_fed.run import identity as run_identity
+    from lightning_fed.run import reporting
 
     stamps = (f"stamp{i}" for i in itertools.count())
     monkeypatch.setattr(run_identity.time, "strftime", lambda fmt: next(stamps))

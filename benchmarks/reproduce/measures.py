@@ -1,7 +1,7 @@
 """What a claim measures in one run's ``summary.json``: final, best and tail-mean accuracy, rounds to a target,
 round-to-round stability and the clients' accuracies.
 
-Every function takes the parsed summary (see :mod:`lightning_fed.reporting`) and raises :class:`MissingMetricError`
+Every function takes the parsed summary (see :mod:`lightning_fed.run.reporting`) and raises :class:`MissingMetricError`
 naming the key when the run never logged it, so that a claim reports what is missing instead of a wrong number.
 """
 

@@ -127,7 +127,7 @@ def _log_tail(log_path: Path) -> str:
 def _run_subprocess(
     args: list[str], log_path: Path, root: Path, env: dict[str, str], timeout_s: float | None
 ) -> str | None:
-    command = [sys.executable, "-m", "lightning_fed.cli", *args]
+    command = [sys.executable, "-m", "lightning_fed.cli.main", *args]
     with log_path.open("w") as log:
         try:
             code = subprocess.run(
@@ -139,7 +139,7 @@ def _run_subprocess(
 
 
 def _run_in_process(args: list[str], log_path: Path) -> str | None:
-    from lightning_fed.cli import FederatedCLI
+    from lightning_fed.cli.main import FederatedCLI
 
     with log_path.open("w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         try:

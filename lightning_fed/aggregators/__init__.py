@@ -1,6 +1,6 @@
 """Server-side aggregation rules."""
 
-from lightning_fed.aggregators.base import Aggregator
+from lightning_fed.aggregation import Aggregator
 from lightning_fed.aggregators.bulyan import Bulyan
 from lightning_fed.aggregators.dp_fedavg import DPFedAvg
 from lightning_fed.aggregators.fedadagrad import FedAdagrad

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from lightning_fed.aggregators.base import Aggregator
+from lightning_fed.aggregation import Aggregator
+from lightning_fed.aggregators.privacy_accounting import check_accounting, client_level_epsilon
 from lightning_fed.checks import InvalidArgumentError, check_bool, check_real
-from lightning_fed.client import ClientUpdate, RoundContext
+from lightning_fed.context import ClientUpdate, RoundContext
+from lightning_fed.engine.seeding import derive_seed
 from lightning_fed.functional.dp import clip_update, gaussian_noise, next_clip_norm, update_noise_multiplier
 from lightning_fed.functional.state_dict import StateDict
-from lightning_fed.privacy_accounting import check_accounting, client_level_epsilon
-from lightning_fed.reduction import CrossProcessState
-from lightning_fed.seeding import derive_seed
+from lightning_fed.parallel.reduction import CrossProcessState
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -55,15 +55,15 @@ class DPFedAvg(Aggregator):
           rejected (non-finite) client is dropped before clipping and counts as a zero update, which keeps the
           sensitivity at :math:`S`. Noise is added even when every client was rejected (returning :math:`w_g`
           unchanged would reveal it), unless :math:`z = 0`.
-        * The noise is drawn from a generator seeded with ``(run seed, round)`` (:func:`~lightning_fed.seeding
+        * The noise is drawn from a generator seeded with ``(run seed, round)`` (:func:`~lightning_fed.engine.seeding
           .derive_seed`): a resumed run draws the same noise, and under ``strategy="ddp"`` every rank adds the same
           noise once to the reduced sum, so all ranks hold the same model. The clip norm and the rounds accounted
           are server state in :meth:`state_dict`.
         * Accounting (``delta`` set): ε at ``delta`` after each round, by ``dp-accounting``'s RDP accountant for
           fixed-size sampling without replacement and one client's data replaced (the sampler's behaviour; see
-          :mod:`lightning_fed.privacy_accounting`), logged as ``privacy/epsilon``. It needs :math:`z > 0`, the
-          trainer's :class:`~lightning_fed.sampling.UniformClientSampler` and no callback that sends client data
-          to the server outside the noised sum (SCAFFOLD, FedCurv, FedAMP, rFedAvg); ``delta=None`` trains without
+          :mod:`lightning_fed.aggregators.privacy_accounting`), logged as ``privacy/epsilon``. It needs :math:`z > 0`,
+          the trainer's :class:`~lightning_fed.engine.sampling.UniformClientSampler` and no callback that sends client
+          data to the server outside the noised sum (SCAFFOLD, FedCurv, FedAMP, rFedAvg); ``delta=None`` trains without
           accounting and accepts any of them.
         * Logs ``privacy/clipped_fraction`` (the true fraction of accepted clients whose update was clipped, a
           diagnostic outside the guarantee), ``privacy/clip_norm`` (the round's :math:`S`) and
@@ -133,7 +133,7 @@ class DPFedAvg(Aggregator):
     @override
     def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
         """Refuses, when privacy is accounted, a sampler or callbacks that the accounting does not cover."""
-        from lightning_fed.sampling import UniformClientSampler
+        from lightning_fed.engine.sampling import UniformClientSampler
 
         if self.delta is not None:
             if type(trainer.sampler) is not UniformClientSampler:

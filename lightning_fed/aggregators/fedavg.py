@@ -6,9 +6,9 @@ from typing import Literal
 
 from typing_extensions import override
 
-from lightning_fed.aggregators.base import Aggregator
+from lightning_fed.aggregation import Aggregator
 from lightning_fed.checks import check_choice, check_real
-from lightning_fed.client import ClientUpdate, RoundContext
+from lightning_fed.context import ClientUpdate, RoundContext
 from lightning_fed.functional.state_dict import StateDict
 
 

@@ -10,9 +10,9 @@ import torch
 from lightning.pytorch import LightningModule
 from typing_extensions import override
 
-from lightning_fed.aggregators.base import Aggregator
+from lightning_fed.aggregation import Aggregator
 from lightning_fed.checks import check_instance, check_real
-from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.functional.state_dict import StateDict
 
 if TYPE_CHECKING:

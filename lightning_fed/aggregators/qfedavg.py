@@ -9,12 +9,12 @@ from lightning.pytorch import LightningModule
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_fed.aggregators.base import Aggregator
+from lightning_fed.aggregation import Aggregator
 from lightning_fed.checks import check_real
-from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.engine.log_buffer import LogBuffer, batch_size_of, buffered_logging
 from lightning_fed.functional.qfedavg import EPSILON, apply_step, client_terms
 from lightning_fed.functional.state_dict import StateDict
-from lightning_fed.log_buffer import LogBuffer, batch_size_of, buffered_logging
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -153,7 +153,7 @@ class QFedAvg(Aggregator):
 def mean_training_loss(trainer: FederatedTrainer, module: LightningModule, dataloader: Any) -> float:
     """Sample-weighted mean of ``training_step``'s loss over ``dataloader``, in eval mode, with logs discarded."""
     # Imported here: local_training imports the callbacks package, which imports the aggregators.
-    from lightning_fed.local_training import training_loss
+    from lightning_fed.engine.local_training import training_loss
 
     was_training = module.training
     module.eval()

@@ -10,11 +10,11 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_fed import distributed
-from lightning_fed.aggregators.base import Aggregator
+from lightning_fed.aggregation import Aggregator
 from lightning_fed.checks import InvalidArgumentError
-from lightning_fed.client import ClientUpdate, RoundContext
+from lightning_fed.context import ClientUpdate, RoundContext
 from lightning_fed.functional.state_dict import StateDict
+from lightning_fed.parallel import distributed
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -47,9 +47,9 @@ class RobustAggregator(Aggregator):
           rejected (non-finite) clients leave fewer accepted updates than that in a round, the round keeps the global
           model unchanged, warns once and logs ``robust/skipped = 1`` (``0`` in the other rounds).
         * Several processes (``strategy="ddp"``): the updates live on the ranks that trained them. ``compute``
-          gathers every rank's rows to every rank (:func:`~lightning_fed.distributed.all_gather_rows`) and sorts them
-          by the clients' positions in the round, so every rank applies the rule to the matrix one process would
-          hold and computes the same model. Each rank then holds all ``n`` rows, as one process does; summing
+          gathers every rank's rows to every rank (:func:`~lightning_fed.parallel.distributed.all_gather_rows`) and
+          sorts them by the clients' positions in the round, so every rank applies the rule to the matrix one process
+          would hold and computes the same model. Each rank then holds all ``n`` rows, as one process does; summing
           instead is impossible (a median is not a sum), and gathering to one rank and broadcasting the result would
           cost the same traffic plus a broadcast.
         * No state outlives a round, so a resumed run is bit-identical without any checkpointed state.

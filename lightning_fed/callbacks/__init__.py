@@ -1,7 +1,6 @@
 """Federated callbacks: the hook base, the parameter-penalty base and the algorithms built on them."""
 
 from lightning_fed.callbacks.apfl import APFL
-from lightning_fed.callbacks.base import FedCallback
 from lightning_fed.callbacks.feature_loss import FeatureLossTerm, FeatureMixin
 from lightning_fed.callbacks.fedamp import FedAMP
 from lightning_fed.callbacks.fedcurv import FedCurv
@@ -16,6 +15,7 @@ from lightning_fed.callbacks.scaffold import Scaffold
 from lightning_fed.callbacks.separate import Separate
 from lightning_fed.callbacks.warmup import SharedDataWarmup
 from lightning_fed.callbacks.weight_divergence import WeightDivergence
+from lightning_fed.hooks import FedCallback
 
 __all__ = [
     "APFL",

@@ -12,11 +12,11 @@ from typing_extensions import override
 
 from lightning_fed.callbacks.personalized import PersonalizedCallback
 from lightning_fed.checks import check_bool, check_choice, check_real
-from lightning_fed.client import ClientContext, ClientUpdate
+from lightning_fed.context import ClientContext, ClientUpdate
+from lightning_fed.engine.local_training import isolated_pass, step_gradient
+from lightning_fed.engine.seeding import derive_seed, seed_torch
 from lightning_fed.functional.apfl import alpha_gradient, alpha_step, mix, personal_step_
 from lightning_fed.functional.state_dict import StateDict, copy_state_
-from lightning_fed.local_training import isolated_pass, step_gradient
-from lightning_fed.seeding import derive_seed, seed_torch
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -51,7 +51,7 @@ class APFL(PersonalizedCallback):
           nothing), and :math:`w` is restored exactly. That pass runs under an RNG of its own, derived from
           ``(seed, "apfl", round, client, step)``, and its ``self.log`` values and torchmetrics states are
           discarded, so the global model, its ``train/*`` metrics and its dropout masks are bit-identical to
-          FedAvg's. The gradient is the local step's own (:func:`~lightning_fed.local_training.step_gradient`:
+          FedAvg's. The gradient is the local step's own (:func:`~lightning_fed.engine.local_training.step_gradient`:
           the precision context, and under gradient accumulation the step's batches averaged as the step averages
           them).
         * :math:`η` is the optimizer's current learning rate (its first parameter group, read at every step, so

@@ -11,10 +11,10 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lightning_fed.callbacks.base import FedCallback
 from lightning_fed.checks import check_instance
-from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.functional.state_dict import StateDict
+from lightning_fed.hooks import FedCallback
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer

@@ -12,11 +12,11 @@ from typing_extensions import override
 from lightning_fed.callbacks.penalty import ParameterPenalty
 from lightning_fed.callbacks.personalized import PersonalizedCallback
 from lightning_fed.checks import check_choice, check_int, check_real
-from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.client_store import ClientStateStore
+from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.engine.schedule import is_due
 from lightning_fed.functional.fedamp import fedamp_weights, pairwise_squared_distances, personalized_cloud_models
 from lightning_fed.functional.state_dict import StateDict
-from lightning_fed.schedule import is_due
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -209,7 +209,7 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
         if not trainer.is_global_zero or trainer.fed_run_dir is None or self.xi is None:
             return
         from lightning_fed.plots import plot_xi_heatmap
-        from lightning_fed.reporting import publish_figure
+        from lightning_fed.run.reporting import publish_figure
 
         title = f"{type(self).__name__} collaboration weights, round {round_number}"
         publish_figure(

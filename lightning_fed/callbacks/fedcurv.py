@@ -14,7 +14,9 @@ from typing_extensions import override
 
 from lightning_fed.callbacks.penalty import ParameterPenalty
 from lightning_fed.checks import check_choice, check_real
-from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.engine.local_training import loss_of
+from lightning_fed.engine.log_buffer import LogBuffer, batch_size_of, buffered_logging
 from lightning_fed.functional.fedcurv import (
     STAT_KEYS,
     Statistics,
@@ -28,9 +30,7 @@ from lightning_fed.functional.fedcurv import (
     updated_sums,
 )
 from lightning_fed.functional.state_dict import StateDict
-from lightning_fed.local_training import loss_of
-from lightning_fed.log_buffer import LogBuffer, batch_size_of, buffered_logging
-from lightning_fed.reduction import CrossProcessState
+from lightning_fed.parallel.reduction import CrossProcessState
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer

@@ -12,7 +12,7 @@ from typing_extensions import override
 
 from lightning_fed.callbacks.penalty import ParameterPenalty
 from lightning_fed.checks import InvalidArgumentError, check_bool, check_real
-from lightning_fed.client import ClientContext, RoundContext
+from lightning_fed.context import ClientContext, RoundContext
 from lightning_fed.functional.fedgg import adaptive_weight, cosine_loss, cosine_loss_gradient, flatten, unflatten
 
 if TYPE_CHECKING:

@@ -7,8 +7,8 @@ from typing_extensions import override
 
 from lightning_fed.callbacks.penalty import ParameterPenalty
 from lightning_fed.checks import check_real
-from lightning_fed.client import ClientContext
-from lightning_fed.client_group import GroupStep
+from lightning_fed.context import ClientContext
+from lightning_fed.hooks import GroupStep
 
 
 class FedProx(ParameterPenalty):

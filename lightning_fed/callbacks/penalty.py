@@ -11,11 +11,10 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_fed.callbacks.base import FedCallback
 from lightning_fed.checks import check_instance, check_int
-from lightning_fed.client import ClientContext
-from lightning_fed.client_group import GroupStep
+from lightning_fed.context import ClientContext
 from lightning_fed.functional.gradients import add_to_grad_
+from lightning_fed.hooks import FedCallback, GroupStep
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer

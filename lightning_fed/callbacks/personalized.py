@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 from lightning.pytorch import LightningModule
 from typing_extensions import override
 
-from lightning_fed.callbacks.base import FedCallback
 from lightning_fed.checks import check_instance
-from lightning_fed.client import ClientContext
 from lightning_fed.client_store import ClientStateStore
+from lightning_fed.context import ClientContext
 from lightning_fed.functional.state_dict import StateDict
+from lightning_fed.hooks import FedCallback
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer

@@ -11,10 +11,10 @@ from lightning.pytorch.callbacks import ProgressBar
 from tqdm.auto import tqdm
 from typing_extensions import override
 
-from lightning_fed import distributed
-from lightning_fed.callbacks.base import FedCallback
-from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
-from lightning_fed.round_evaluation import headline
+from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.engine.evaluator import headline
+from lightning_fed.hooks import FedCallback
+from lightning_fed.parallel import distributed
 
 
 class RoundProgressBar(FedCallback, ProgressBar):

@@ -11,10 +11,8 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_fed.aggregators.fedavg import FedAvg
-from lightning_fed.callbacks.base import FedCallback, federated_trainer
 from lightning_fed.checks import InvalidArgumentError
-from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
-from lightning_fed.client_group import GroupStep
+from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.functional.gradients import add_to_grad_
 from lightning_fed.functional.scaffold import (
     client_control_update,
@@ -23,7 +21,8 @@ from lightning_fed.functional.scaffold import (
     zeros_like_state,
 )
 from lightning_fed.functional.state_dict import StateDict, state_nbytes
-from lightning_fed.reduction import CrossProcessState
+from lightning_fed.hooks import FedCallback, GroupStep, federated_trainer
+from lightning_fed.parallel.reduction import CrossProcessState
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer

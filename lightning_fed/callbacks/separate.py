@@ -8,7 +8,7 @@ from lightning.pytorch import LightningModule
 from typing_extensions import override
 
 from lightning_fed.callbacks.personalized import PersonalizedCallback
-from lightning_fed.client import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.functional.state_dict import StateDict
 
 if TYPE_CHECKING:

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
-from lightning_fed.callbacks.base import FedCallback, federated_trainer
 from lightning_fed.checks import InvalidArgumentError, check_int, check_real
-from lightning_fed.client import RoundContext
-from lightning_fed.local_training import LocalTrainer
-from lightning_fed.seeding import derive_seed, seed_torch
+from lightning_fed.context import RoundContext
+from lightning_fed.engine.local_training import LocalTrainer
+from lightning_fed.engine.seeding import derive_seed, seed_torch
+from lightning_fed.hooks import FedCallback, federated_trainer
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -26,8 +26,8 @@ class SharedDataWarmup(FedCallback):
     At ``on_train_start`` (before round 0; the module holds the global model between rounds, so training it in
     place makes the warm-up model the initial global model) the module trains for ``epochs`` passes over
     ``trainer.datamodule.shared_dataloader`` with the trainer's optimizer (fresh state, restored afterwards to the
-    trainer's learning rate), taking a client's steps (:meth:`~lightning_fed.local_training.LocalTrainer.fit`: the
-    precision context and loss scaling, ``accumulate_grad_batches`` and gradient clipping as the trainer sets them).
+    trainer's learning rate), taking a client's steps (:meth:`~lightning_fed.engine.local_training.LocalTrainer.fit`:
+    the precision context and loss scaling, ``accumulate_grad_batches`` and gradient clipping as the trainer sets them).
     No hooks run: federated ones such as FedProx's ``client_loss`` do not apply, as the warm-up is server-side
     training, and Lightning's batch hooks are kept for the clients' steps. Epoch e's order is
     seeded by ``derive_seed(run seed, "warmup", e)`` and its dropout masks by ``derive_seed(run seed, "warmup",

@@ -12,14 +12,14 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
-from lightning_fed.callbacks.base import FedCallback, federated_trainer
 from lightning_fed.checks import check_int
-from lightning_fed.client import RoundContext
+from lightning_fed.context import RoundContext
+from lightning_fed.engine.local_training import LocalTrainer, isolated_pass
+from lightning_fed.engine.schedule import is_due
+from lightning_fed.engine.seeding import derive_seed, seed_torch
 from lightning_fed.functional.divergence import total_weight_divergence, weight_divergence
 from lightning_fed.functional.state_dict import StateDict, clone_state, copy_state_
-from lightning_fed.local_training import LocalTrainer, isolated_pass
-from lightning_fed.schedule import is_due
-from lightning_fed.seeding import derive_seed, seed_torch
+from lightning_fed.hooks import FedCallback, federated_trainer
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -46,7 +46,8 @@ class WeightDivergence(FedCallback):
           per round give the same decay);
         * advances ``local_epochs`` passes over the pooled data per round; with ``local_steps`` = S it takes S
           steps of batch :math:`B \cdot K`, i.e. it sees as many examples as the K clients together;
-        * takes a client's steps (:meth:`~lightning_fed.local_training.LocalTrainer.fit`: the precision context and
+        * takes a client's steps (:meth:`~lightning_fed.engine.local_training.LocalTrainer.fit`: the precision context
+        and
           loss scaling, ``accumulate_grad_batches`` and gradient clipping as the trainer sets them), with no hooks;
         * shuffles with the first sampled client's data seed and seeds torch with that client's torch seed. The pass
           leaves no trace on the federated run: the RNG is forked, what the module logs is discarded, and its

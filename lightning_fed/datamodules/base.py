@@ -26,8 +26,8 @@ from lightning_fed.datamodules.layout import (
 from lightning_fed.datamodules.loaders import index_loader
 from lightning_fed.datamodules.partitioners.base import Partitioner
 from lightning_fed.datamodules.sharing import DataSharing, hold_out_shares, sharing_statistics, warn_without_warmup
+from lightning_fed.engine.seeding import derive_seed
 from lightning_fed.functional.partition_stats import earth_movers_distance, label_histogram
-from lightning_fed.seeding import derive_seed
 
 
 class FederatedDataModule(LightningDataModule, ABC):

@@ -7,8 +7,8 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from lightning_fed.atomic import atomic_write
 from lightning_fed.checks import InvalidArgumentError, check_int
+from lightning_fed.utilities.atomic import atomic_write
 
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 120) -> Path:

@@ -10,11 +10,11 @@ from helpers.resume import assert_resume_bit_identical
 
 from lightning_fed import ClientStateStore, FedCallback
 from lightning_fed.aggregators import DPFedAvg
+from lightning_fed.aggregators.privacy_accounting import client_level_epsilon
 from lightning_fed.callbacks import FedCurv
 from lightning_fed.checks import InvalidArgumentError
-from lightning_fed.client import ClientUpdate, RoundContext
-from lightning_fed.privacy_accounting import client_level_epsilon
-from lightning_fed.seeding import derive_seed
+from lightning_fed.context import ClientUpdate, RoundContext
+from lightning_fed.engine.seeding import derive_seed
 
 SEED = 11
 PARAMS = ("w", "b")
@@ -246,7 +246,7 @@ def test_resume_is_bit_identical(tmp_path):
 def test_accounting_refuses_a_sampler_it_does_not_assume():
     from types import SimpleNamespace
 
-    from lightning_fed.sampling import UniformClientSampler
+    from lightning_fed.engine.sampling import UniformClientSampler
 
     class OtherSampler(UniformClientSampler):
         pass

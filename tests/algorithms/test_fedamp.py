@@ -15,9 +15,9 @@ from torch import nn
 
 from lightning_fed import ClientContext, ClientStateStore, FedCallback, RoundContext
 from lightning_fed.callbacks import FedAMP, HeurFedAMP
-from lightning_fed.evaluation import evaluate
+from lightning_fed.engine.evaluation import evaluate
+from lightning_fed.engine.log_buffer import LogBuffer, buffered_logging
 from lightning_fed.functional.state_dict import state_nbytes
-from lightning_fed.log_buffer import LogBuffer, buffered_logging
 
 
 class _Scalar(nn.Module):

@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_fed import ClientContext, ClientStateStore, FedCallback
 from lightning_fed.callbacks import FedCurv
+from lightning_fed.engine.log_buffer import LogBuffer, buffered_logging
 from lightning_fed.functional.fedcurv import (
     client_statistics,
     excluding_client,
@@ -17,7 +18,6 @@ from lightning_fed.functional.fedcurv import (
     fedcurv_penalty,
     updated_sums,
 )
-from lightning_fed.log_buffer import LogBuffer, buffered_logging
 
 
 def _random_stats(seed: int, shapes: dict[str, tuple[int, ...]]):

@@ -8,7 +8,7 @@ from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_
 
 from lightning_fed import ClientContext, ClientStateStore, FedCallback
 from lightning_fed.callbacks import FedProx
-from lightning_fed.log_buffer import LogBuffer, buffered_logging
+from lightning_fed.engine.log_buffer import LogBuffer, buffered_logging
 
 
 def _perturbed(seed: int = 0, batch_norm: bool = True):

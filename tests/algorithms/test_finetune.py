@@ -4,9 +4,9 @@ import torch
 from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule, plain_sgd_pass
 
 from lightning_fed.callbacks import FedProx, FineTune
-from lightning_fed.evaluation import evaluate
-from lightning_fed.log_buffer import LogBuffer
-from lightning_fed.seeding import derive_seed
+from lightning_fed.engine.evaluation import evaluate
+from lightning_fed.engine.log_buffer import LogBuffer
+from lightning_fed.engine.seeding import derive_seed
 
 SEED = 4
 

@@ -6,7 +6,7 @@ from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_
 from lightning_fed import ClientStateStore, FedCallback
 from lightning_fed.aggregators import FedAvg, QFedAvg
 from lightning_fed.aggregators.qfedavg import LIPSCHITZ_KEY, LOSS_KEY
-from lightning_fed.client import ClientUpdate, RoundContext
+from lightning_fed.context import ClientUpdate, RoundContext
 from lightning_fed.functional.qfedavg import apply_step, client_terms
 
 LR = 0.1

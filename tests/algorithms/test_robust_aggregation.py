@@ -19,7 +19,7 @@ from lightning_fed.aggregators import (
 from lightning_fed.aggregators.normbound import CLIPPED_KEY
 from lightning_fed.aggregators.robust import SKIPPED_KEY
 from lightning_fed.checks import InvalidArgumentError
-from lightning_fed.client import ClientUpdate, RoundContext
+from lightning_fed.context import ClientUpdate, RoundContext
 from lightning_fed.functional.robust import bulyan
 
 

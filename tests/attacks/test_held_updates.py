@@ -6,7 +6,7 @@ import torch
 
 from lightning_fed import ClientStateStore
 from lightning_fed.aggregators import FedAvg
-from lightning_fed.client import ClientUpdate, RoundContext
+from lightning_fed.context import ClientUpdate, RoundContext
 
 
 def _update(client_id: int, weight: float, steps: int) -> ClientUpdate:

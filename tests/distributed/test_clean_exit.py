@@ -2,7 +2,7 @@
 
 A gloo process group left alive at interpreter exit could abort a finished run with "terminate called without an
 active exception" (a gloo worker thread releasing its last collective's tensors while Python finalises; see
-``lightning_fed.distributed.destroy_process_group_at_exit``). The race needs the worker to lag behind the main
+``lightning_fed.parallel.distributed.destroy_process_group_at_exit``). The race needs the worker to lag behind the main
 thread, so the runs below repeat, and the first test opens the window on purpose.
 """
 
@@ -27,7 +27,7 @@ _IN_FLIGHT_AT_EXIT = textwrap.dedent(
     """
     import sys, time
     import torch, torch.distributed as dist
-    from lightning_fed.distributed import destroy_process_group_at_exit
+    from lightning_fed.parallel.distributed import destroy_process_group_at_exit
 
     rank = int(sys.argv[1])
     dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{sys.argv[2]}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_fed.reduction import CrossProcessState, reduce_across_ranks
+from lightning_fed.parallel.reduction import CrossProcessState, reduce_across_ranks
 
 
 class Accumulator(CrossProcessState):

@@ -9,7 +9,7 @@ from torch import nn
 
 from lightning_fed import FederatedTrainer, distributed
 from lightning_fed.client_store import ClientStateStore
-from lightning_fed.setup_checks import check_no_sync_batchnorm, check_process_group
+from lightning_fed.run.setup_checks import check_no_sync_batchnorm, check_process_group
 
 
 def test_shards_cover_the_round_once_in_round_order_and_balance_samples():

@@ -7,6 +7,7 @@ import pytest
 import torch
 from dp_accounting.rdp import RdpAccountant
 
+from lightning_fed.aggregators.privacy_accounting import check_accounting, client_level_epsilon
 from lightning_fed.checks import InvalidArgumentError
 from lightning_fed.functional.dp import (
     clip_update,
@@ -16,7 +17,6 @@ from lightning_fed.functional.dp import (
     next_clip_norm,
     update_noise_multiplier,
 )
-from lightning_fed.privacy_accounting import check_accounting, client_level_epsilon
 
 
 def _update(scale: float, seed: int = 0) -> dict[str, torch.Tensor]:

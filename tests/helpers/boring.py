@@ -157,7 +157,7 @@ def global_weights(module: L.LightningModule) -> dict[str, torch.Tensor]:
 def plain_sgd_pass(model: L.LightningModule, loader: Any) -> dict[str, torch.Tensor]:
     """One pass of the model's own loss over ``loader`` with its own optimizer from fresh state (a reference loop
     with no federated machinery); returns the trained state."""
-    from lightning_fed.log_buffer import LogBuffer, buffered_logging
+    from lightning_fed.engine.log_buffer import LogBuffer, buffered_logging
 
     optimizer = model.configure_optimizers()
     model.train()

@@ -30,7 +30,7 @@ from helpers.boring import NUM_CLASSES, BoringClassifier, make_datamodule
 from lightning_fed import FedCallback, FederatedTrainer
 from lightning_fed.aggregators import DPFedAvg, FedAdam, FedAvg, QFedAvg
 from lightning_fed.callbacks import FedCurv, FedProx, RFedAvg, Scaffold
-from lightning_fed.reduction import CrossProcessState
+from lightning_fed.parallel.reduction import CrossProcessState
 
 NUM_ROUNDS = 3
 CLIENTS_PER_ROUND = {"robust": 6}  # MultiKrum with f = 1 needs n > 2f + 2; the others sample 4 of the 6 clients
@@ -124,7 +124,7 @@ class ShardPoison(FedCallback):
     """
 
     def on_round_start(self, trainer: Any, pl_module: Any, round_ctx: Any) -> None:
-        from lightning_fed.distributed import shard_clients
+        from lightning_fed.parallel.distributed import shard_clients
 
         shares = shard_clients(round_ctx.client_ids, round_ctx.num_samples, 2)
         self.poisoned = {1: shares[0][:1], 2: shares[1]}.get(round_ctx.round_idx, [])
@@ -181,7 +181,7 @@ def algorithm(name: str) -> tuple[Any, list[FedCallback], float, bool]:
         callbacks = [Scaffold(), FedCurv(lam=0.1), RFedAvg(lam=0.01, variant="v1", feature_layer="net.2")]
         return FedAvg(weighting="uniform"), callbacks, 0.0, False
     if name == "qfedavg":
-        # DeclaredState: every reduction of lightning_fed.reduction, compared between 1 and 2 processes.
+        # DeclaredState: every reduction of lightning_fed.parallel.reduction, compared between 1 and 2 processes.
         return QFedAvg(q=1.0), [DeclaredState()], 0.0, False
     if name == "dpfedavg":
         # Clipped sums reduced over ranks, then the same noise added once on every rank; adaptive clip norm.

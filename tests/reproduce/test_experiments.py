@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks.reproduce.claims import CLAIMS, claims_for, experiments_of
 from benchmarks.reproduce.experiments import EXPERIMENTS, experiments_for
-from lightning_fed.cli import FederatedCLI
+from lightning_fed.cli.main import FederatedCLI
 
 ROOT = Path(__file__).parents[2]
 

@@ -12,7 +12,7 @@ from benchmarks.reproduce.dashboard import log_report
 from benchmarks.reproduce.report import Report
 from benchmarks.reproduce.rules import Verdict
 from benchmarks.reproduce.runner import WandbOptions
-from lightning_fed import cli
+from lightning_fed.cli import main as cli
 
 ROOT = Path(__file__).parents[2]
 

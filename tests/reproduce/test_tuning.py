@@ -19,7 +19,7 @@ from benchmarks.reproduce.tuning import (
     write_tuned_presets,
     write_tuning_report,
 )
-from lightning_fed.cli import FederatedCLI
+from lightning_fed.cli.main import FederatedCLI
 
 ROOT = Path(__file__).parents[2]
 _ZHAO = ("zhao_",)

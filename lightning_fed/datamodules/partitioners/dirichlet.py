@@ -11,7 +11,7 @@ from typing_extensions import override
 from lightning_fed.checks import InvalidArgumentError, check_choice, check_int, check_real
 from lightning_fed.datamodules.partitioners._common import labels_to_numpy, to_index_tensors
 from lightning_fed.datamodules.partitioners.base import Partitioner
-from lightning_fed.deprecation import deprecated
+from lightning_fed.utilities.deprecation import deprecated
 
 _Proportions = Literal["per_class", "per_client"]
 _PROPORTIONS: tuple[_Proportions, ...] = ("per_class", "per_client")

@@ -1,0 +1,337 @@
+"""``lightning-fed``: LightningCLI with federated defaults.
+
+Examples::
+
+    lightning-fed fit --config configs/quickstart.yaml
+    lightning-fed fit --config configs/quickstart.yaml --trainer.num_rounds 5
+    lightning-fed fit --config configs/quickstart.yaml --ckpt_path last      # resume a killed run
+    lightning-fed fit --config configs/quickstart.yaml --print_config
+    lightning-fed reproduce --profile small     # the papers' claims, from a repository checkout (benchmarks/reproduce/)
+
+A bad argument, config entry or data setting stops the command before anything is written, with one line on
+stderr that names the setting by its config path, the value given and what is allowed (see :func:`main`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from typing_extensions import override
+
+from lightning_fed.checks import InvalidArgumentError
+from lightning_fed.cli.errors import HeldOutput, error_line, report, traceback_requested
+from lightning_fed.datamodules.base import FederatedDataModule
+from lightning_fed.hooks import FedCallback, federated_trainer
+from lightning_fed.run.reporting import resolve_run_dir
+from lightning_fed.run.setup_checks import (
+    check_clients_per_round,
+    check_epoch_args,
+    check_lightning_settings,
+    check_loss_scaling,
+    check_num_classes,
+    check_output_dir,
+    check_seed_everything,
+)
+from lightning_fed.trainer import FederatedTrainer
+from lightning_fed.utilities.atomic import write_text_atomic
+
+
+class SaveConfigToRunDir(SaveConfigCallback):
+    """Saves the resolved ``config.yaml`` in the run directory, beside ``summary.json``.
+
+    Lightning's default puts it in ``trainer.log_dir``, which for W&B is the working directory: every run would
+    overwrite the same file there. Each run directory is the run's own, so its config stays with its results.
+    """
+
+    @override
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        run_dir = resolve_run_dir(federated_trainer(trainer, self))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if self.multifile:
+            self.parser.save(
+                self.config, str(run_dir / self.config_filename), skip_none=False, overwrite=True, multifile=True
+            )
+            return
+        # Written beside its final name and moved into place: a crash never leaves half a config.yaml.
+        write_text_atomic(run_dir / self.config_filename, self.parser.dump(self.config, skip_none=False))
+
+
+class FederatedCLI(LightningCLI):
+    """LightningCLI whose trainer is :class:`~lightning_fed.FederatedTrainer`.
+
+    ``model`` is any ``LightningModule`` (``class_path`` + ``init_args``) and ``data`` any
+    :class:`~lightning_fed.datamodules.FederatedDataModule`. When the model takes ``num_classes`` and the YAML leaves
+    it out, it is filled in from the datamodule. Unknown keys are rejected by the parser with the key's name.
+    """
+
+    def __init__(self, *args: Any, progress: CLIProgress | None = None, **kwargs: Any) -> None:
+        # Set first: LightningCLI's constructor parses, builds and runs, and `main` reports a failure by stage.
+        self.progress = progress if progress is not None else CLIProgress()
+        kwargs.setdefault("save_config_callback", SaveConfigToRunDir)
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True, "save_to_log_dir": False})
+        # Positional arguments after the two classes are LightningCLI's own (save_config_callback, ...); the
+        # keywords below are not among them.
+        super().__init__(  # type: ignore[misc]
+            LightningModule,
+            FederatedDataModule,
+            *args,
+            trainer_class=FederatedTrainer,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            **kwargs,
+        )
+
+    @override
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument(
+            "--fill_num_classes",
+            type=bool,
+            default=True,
+            help="Set the model's `num_classes` init argument from the datamodule when the YAML leaves it out.",
+        )
+
+    @override
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parses, then checks the settings that no constructor sees (``seed_everything``, output directories)."""
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        self.progress.config, self.progress.subcommand = config, subcommand
+        check_config(config)
+
+    @override
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        self.progress.stage = "building"
+        model, data = config.get("model"), config.get("data")
+        if model is None or data is None or "init_args" not in model:
+            return
+        init_args = model["init_args"]
+        if config.get("fill_num_classes", True) and "num_classes" in init_args and init_args["num_classes"] is None:
+            init_args["num_classes"] = _num_classes_of(data)
+        check_config_num_classes(model, data)
+
+    def before_fit(self) -> None:
+        """Checks the whole setup, data included, before ``fit`` writes anything."""
+        self.check_before_run("fit")
+
+    def before_validate(self) -> None:
+        """Checks the whole setup, data included, before ``validate`` writes anything."""
+        self.check_before_run("validate")
+
+    def before_test(self) -> None:
+        """Checks the whole setup, data included, before ``test`` writes anything."""
+        self.check_before_run("test")
+
+    def check_before_run(self, stage: str) -> None:
+        """Runs every check of the settings that the run would otherwise meet only after it has started writing.
+
+        Lightning creates the W&B run and saves ``config.yaml`` in its setup hook, before the datamodule's data is
+        split and before the round loop checks the trainer against the data. Here the datamodule is set up first
+        (its ``setup`` is idempotent, so the run's own call later does nothing), and the checks that need the data
+        run on it. The data is only set up early in the process that starts the run: processes launched by a
+        cluster or by ``torchrun`` load it in the run, as before.
+        """
+        self.progress.stage = "checking"
+        trainer, model, datamodule = self.trainer, self.model, self.datamodule
+        if isinstance(trainer, FederatedTrainer) and isinstance(datamodule, FederatedDataModule):
+            if _starts_the_run(trainer):
+                datamodule.prepare_data()
+                datamodule.setup(stage)
+            with _prefixed("trainer."):
+                check_num_classes(model, datamodule, name="model.init_args.num_classes")
+                check_clients_per_round(trainer.sampler.clients_per_round, datamodule.num_clients)
+                check_loss_scaling(trainer)
+                trainer.aggregator.check_setup(trainer, datamodule)
+                for callback in trainer.callbacks:
+                    if isinstance(callback, FedCallback):
+                        callback.check_setup(trainer, datamodule)
+        self.progress.started()
+
+
+@dataclass
+class CLIProgress:
+    """How far a ``lightning-fed`` command got, for :func:`main` to report a failure.
+
+    Attributes:
+        config: The parsed config of the subcommand (``None`` before parsing).
+        subcommand: ``fit``, ``validate``, ...
+        stage: ``"parsing"``, ``"building"`` (the config's objects), ``"checking"`` (the setup, before the run),
+            ``"running"``.
+        held: Lightning's log lines and warnings held back until the checks have passed.
+    """
+
+    config: Any = None
+    subcommand: str | None = None
+    stage: str = "parsing"
+    held: HeldOutput = field(default_factory=HeldOutput)
+
+    @property
+    def before_run(self) -> bool:
+        return self.stage != "running"
+
+    def started(self) -> None:
+        """The checks have passed: the run starts, and what was held back is printed."""
+        self.stage = "running"
+        self.held.release()
+
+
+def check_config(config: Any) -> None:
+    """Checks the parsed settings that no constructor checks, by their config paths."""
+    check_seed_everything("seed_everything", config.get("seed_everything"))
+    trainer = config.get("trainer")
+    if trainer is None:
+        return
+    check_epoch_args(trainer, prefix="trainer.")
+    check_lightning_settings(trainer.get("check_val_every_n_epoch"), prefix="trainer.")
+    check_output_dir("trainer.default_root_dir", trainer.get("default_root_dir"))
+    check_output_dir("trainer.run_dir", trainer.get("run_dir"))
+
+
+def check_config_num_classes(model: Any, data: Any) -> None:
+    """The model's ``num_classes`` (and its backbone's) must be the datamodule's, when the config says them."""
+    data_classes = _num_classes_of(data)
+    if data_classes is None:
+        return
+    entries = [("model.init_args.num_classes", model["init_args"].get("num_classes"))]
+    backbone = model["init_args"].get("backbone")
+    if backbone is not None and hasattr(backbone, "get") and backbone.get("init_args") is not None:
+        entries.append(("model.init_args.backbone.init_args.num_classes", backbone["init_args"].get("num_classes")))
+    for name, value in entries:
+        if value is not None and value != data_classes:
+            allowed = (
+                f"the datamodule's number of classes, {data_classes} ({str(data['class_path']).rpartition('.')[2]})"
+            )
+            raise InvalidArgumentError(name, value, allowed)
+
+
+def _starts_the_run(trainer: FederatedTrainer) -> bool:
+    """Whether this process starts the run (it is alone, or it will launch the others), not one launched for it."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    return environment is None or not environment.creates_processes_externally
+
+
+@contextmanager
+def _prefixed(prefix: str) -> Iterator[None]:
+    """Names an :class:`InvalidArgumentError` raised inside by its config path (``clients_per_round`` →
+    ``trainer.clients_per_round``), unless it already is one."""
+    try:
+        yield
+    except InvalidArgumentError as error:
+        if "." in error.argument:
+            raise
+        raise InvalidArgumentError(prefix + error.argument, error.value, error.allowed) from error
+
+
+def _num_classes_of(data_config: Any) -> int | None:
+    """The datamodule class's ``num_classes`` (a class attribute or an init argument) without building it."""
+
+    init_args = data_config.get("init_args") or {}
+    if init_args.get("num_classes") is not None:
+        return int(init_args["num_classes"])
+    module_name, _, class_name = str(data_config["class_path"]).rpartition(".")
+    value = getattr(getattr(importlib.import_module(module_name), class_name), "num_classes", None)
+    return value if isinstance(value, int) else None
+
+
+_REPRODUCE_COMMAND = Path("benchmarks", "reproduce", "command.py")
+# A checkout when the package is installed in editable mode (or imported from the repository root).
+_PACKAGE_PARENT = Path(__file__).resolve().parents[1]
+
+
+def find_checkout(argv: Sequence[str] = (), start: Path | None = None) -> Path | None:
+    """The repository checkout that holds the reproduction suite (``benchmarks/reproduce/``), or ``None``.
+
+    Looked for, in order: the ``--root`` given in ``argv``; ``start`` (default: the working directory) and its
+    parents; the directory above this package, which is a checkout when the package is installed in editable mode.
+    """
+    candidates: list[Path] = []
+    for i, arg in enumerate(argv):
+        if arg == "--root" and i + 1 < len(argv):
+            candidates.append(Path(argv[i + 1]))
+        elif arg.startswith("--root="):
+            candidates.append(Path(arg.split("=", 1)[1]))
+    here = (start or Path.cwd()).resolve()
+    candidates += [here, *here.parents, _PACKAGE_PARENT]
+    return next((path.resolve() for path in candidates if (path / _REPRODUCE_COMMAND).is_file()), None)
+
+
+def reproduce(argv: Sequence[str]) -> int:
+    """``lightning-fed reproduce``: runs the reproduction suite of the repository checkout found by
+    :func:`find_checkout`.
+
+    The suite is not part of the installed package: its runs are the YAML files under the repository's
+    ``configs/``. Outside a checkout this exits with a message that says how to get one.
+    """
+    checkout = find_checkout(argv)
+    if checkout is None:
+        print(
+            "lightning-fed reproduce: no lightning-fed repository checkout found. The reproduction suite"
+            f" ({_REPRODUCE_COMMAND.parent}/) and its configs/ ship with the repository, not with the installed"
+            " package: clone the repository and run the command from its root, or pass --root PATH_TO_CHECKOUT.",
+            file=sys.stderr,
+        )
+        return 2
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    command = importlib.import_module("benchmarks.reproduce.command")
+    if not Path(command.__file__ or "").resolve().is_relative_to(checkout):
+        print(
+            f"lightning-fed reproduce: `benchmarks` was imported from {command.__file__}, not from the checkout"
+            f" {checkout}: another package named `benchmarks` shadows it. Run `python benchmarks/reproduce.py`"
+            " from the checkout's root instead.",
+            file=sys.stderr,
+        )
+        return 2
+    return int(command.main(list(argv)))
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    """Console entry point of ``lightning-fed``.
+
+    A bad input (an invalid argument, config entry or data setting; an unknown key; a value of the wrong type)
+    exits with status 2 and two lines on stderr: the setting's config path with the value given and what is
+    allowed, e.g. ``lightning-fed fit: `trainer.num_rounds` must be an integer >= 1; got 0.``, and how to see the
+    traceback. Every check runs before the run writes anything (no run directory, ``config.yaml``, checkpoint or
+    W&B run is left behind). Lightning's log lines and warnings are held back until the checks have passed.
+
+    Set the environment variable ``LIGHTNING_FED_TRACEBACK=1`` to get Python's traceback for a bad input
+    instead. Errors raised once the run has started (after the checks) always show their traceback.
+
+    Args:
+        args: The command line without the program name; ``None`` reads ``sys.argv``.
+    """
+    argv = list(sys.argv[1:] if args is None else args)
+    # LightningCLI's subcommands are fixed (fit, validate, test, ...): `reproduce` is dispatched before it parses.
+    if argv[:1] == ["reproduce"]:
+        sys.exit(reproduce(argv[1:]))
+    if traceback_requested():
+        FederatedCLI(args=None if args is None else argv)
+        return
+    progress = CLIProgress(subcommand=argv[0] if argv and not argv[0].startswith("-") else None)
+    progress.held.hold()
+    try:
+        FederatedCLI(args=None if args is None else argv, parser_kwargs={"exit_on_error": False}, progress=progress)
+    except Exception as error:
+        line = error_line(error, progress.config, before_run=progress.before_run)
+        if line is None:
+            progress.held.release()
+            raise
+        progress.held.discard()
+        sys.stderr.write(report(line, progress.subcommand))
+        sys.exit(2)
+    finally:
+        # `--help`, `--print_config` and subcommands without checks (predict) end here with nothing to report.
+        progress.held.release()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Combining what each rank's share of a round produced, so that every rank leaves the round in the same state.
+
+With one process every function here returns its input unchanged and costs nothing.
+"""
+
+from __future__ import annotations
+
+from lightning_fed.client_store import ClientStateStore
+from lightning_fed.context import RoundContext
+from lightning_fed.parallel import distributed
+
+
+def combine_shares(
+    round_ctx: RoundContext,
+    bytes_before: tuple[int, int],
+    train_metrics: dict[int, dict[str, float]],
+    steps_taken: int,
+) -> tuple[list[dict[str, float]], int]:
+    """Merges the ranks' client metrics, rejections, bytes and optimizer steps.
+
+    Bytes counted before training (by ``on_round_start``, alike on every rank) are counted once; the per-client
+    bytes of every rank are added to them. ``round_ctx.rejected`` and the ``bytes_*`` counters are updated in place.
+
+    Args:
+        round_ctx: The round; on return it holds every rank's rejections (in round order) and bytes.
+        bytes_before: ``(bytes_up, bytes_down)`` of the round before any client trained.
+        train_metrics: This rank's accepted clients' training metrics.
+        steps_taken: Optimizer steps this rank's clients took.
+
+    Returns:
+        Every accepted client's training metrics in round order, and the optimizer steps the *other* ranks took
+        (to advance ``global_step`` as one process would).
+    """
+    share = {
+        "metrics": train_metrics,
+        "rejected": list(round_ctx.rejected),
+        "bytes": (round_ctx.bytes_up - bytes_before[0], round_ctx.bytes_down - bytes_before[1]),
+        "steps": steps_taken,
+    }
+    shares = distributed.all_gather_object(share)
+    if len(shares) == 1:
+        return list(train_metrics.values()), 0
+    position = {cid: i for i, cid in enumerate(round_ctx.client_ids)}
+    merged = {cid: m for other in shares for cid, m in other["metrics"].items()}
+    rejected = {cid for other in shares for cid in other["rejected"]}
+    round_ctx.rejected[:] = sorted(rejected, key=position.__getitem__)
+    round_ctx.bytes_up = bytes_before[0] + sum(other["bytes"][0] for other in shares)
+    round_ctx.bytes_down = bytes_before[1] + sum(other["bytes"][1] for other in shares)
+    other_steps = sum(other["steps"] for other in shares) - steps_taken
+    return [merged[cid] for cid in sorted(merged, key=position.__getitem__)], other_steps
+
+
+def sync_store(store: ClientStateStore) -> None:
+    """Gives every rank the client-store entries that the others wrote since the last exchange."""
+    changes = store.take_changes()
+    if not distributed.is_distributed():
+        return
+    own = distributed.rank()
+    for other_rank, other in enumerate(distributed.all_gather_object(changes)):
+        if other_rank != own:
+            store.apply_changes(other)
+
+
+def gather_client_results(
+    results: dict[int, dict[str, float]], any_personalised: bool, client_ids: list[int]
+) -> tuple[dict[int, dict[str, float]], bool]:
+    """Every rank's per-client evaluation results, in ``client_ids`` order, and whether any was personalised."""
+    if not distributed.is_distributed():
+        return results, any_personalised
+    shares = distributed.all_gather_object((results, any_personalised))
+    merged = {cid: metrics for share, _ in shares for cid, metrics in share.items()}
+    return {cid: merged[cid] for cid in client_ids if cid in merged}, any(flag for _, flag in shares)
+
+
+__all__ = ["combine_shares", "gather_client_results", "sync_store"]

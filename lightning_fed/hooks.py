@@ -1,0 +1,272 @@
+"""The plug-in contract: the hooks an algorithm plugs into, and what a hook sees of a group of clients."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch import Tensor
+from torch.optim import Optimizer
+
+from lightning_fed.context import ClientContext, ClientUpdate, RoundContext, StateDict
+from lightning_fed.parallel.reduction import CrossProcessState
+
+if TYPE_CHECKING:
+    from lightning_fed.trainer import FederatedTrainer
+
+
+@dataclass
+class ClientGroup:
+    """Clients of one round that train together.
+
+    Attributes:
+        contexts: Their contexts, in round order (position ``i`` is row ``i`` of every stacked tensor).
+        cache: Per-group data that callbacks compute once (e.g. their stacked per-client tensors), by key.
+    """
+
+    contexts: list[ClientContext]
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def stacked(self, key: str, per_client: Callable[[ClientContext], dict[str, Tensor]]) -> dict[str, Tensor]:
+        """``per_client(ctx)`` for every client, stacked by name, computed once per group under ``key``."""
+        if key not in self.cache:
+            values = [per_client(ctx) for ctx in self.contexts]
+            self.cache[key] = {name: torch.stack([v[name] for v in values]) for name in values[0]}
+        return self.cache[key]
+
+
+@dataclass
+class GroupStep:
+    """One optimizer step of some of a group's clients.
+
+    Attributes:
+        group: The group.
+        members: Positions in ``group.contexts`` of the clients taking this step.
+        params: Their trainable parameters by name, stacked ``[len(members), *shape]``; edit them in place in
+            ``on_group_after_optimizer_step`` (as the sequential hook edits the module's weights).
+        grads: Their gradients, same shapes; add to them in place in ``on_group_before_optimizer_step``.
+        log: ``log(position, name, value)`` logs a value for the client at ``position`` in ``members`` order, as
+            ``pl_module.log`` does for the client that trains alone.
+    """
+
+    group: ClientGroup
+    members: list[int]
+    params: dict[str, Tensor]
+    grads: dict[str, Tensor]
+    log: Callable[[int, str, Any], None]
+    _index: Tensor | None = None
+
+    @property
+    def contexts(self) -> list[ClientContext]:
+        """The stepping clients' contexts, in ``members`` order."""
+        return [self.group.contexts[i] for i in self.members]
+
+    @property
+    def everyone(self) -> bool:
+        """Whether every client of the group takes this step."""
+        return len(self.members) == len(self.group.contexts)
+
+    def select(self, stacked: Tensor) -> Tensor:
+        """The rows of a group-stacked tensor that belong to this step's clients."""
+        if self.everyone:
+            return stacked
+        if self._index is None or self._index.device != stacked.device:
+            self._index = torch.tensor(self.members, device=stacked.device)
+        return stacked.index_select(0, self._index)
+
+
+FED_HOOKS = (
+    "on_round_start",
+    "on_client_start",
+    "on_client_train_start",
+    "client_loss",
+    "on_client_before_optimizer_step",
+    "on_client_after_optimizer_step",
+    "on_group_before_optimizer_step",
+    "on_group_after_optimizer_step",
+    "on_client_end",
+    "on_clients_end",
+    "on_aggregate",
+    "on_round_end",
+    "on_client_evaluate_start",
+)
+
+
+class FedCallback(Callback, CrossProcessState):
+    """A Lightning ``Callback`` with federated hooks, called in this order each round::
+
+        on_round_start                   once, after sampling, before any client trains
+        for each sampled client:
+            on_client_start              may replace ctx.initial_params (personalisation)
+            on_client_train_start        the module now holds the start point; the client's loader is given
+            per local step: client_loss  (added to the loss) -> backward -> on_client_before_optimizer_step
+                            -> optimizer step -> on_client_after_optimizer_step
+            on_client_end                sees the ClientUpdate before the aggregator does; may hold it back
+        on_clients_end                   once this rank's clients have trained: may rewrite the held updates
+        on_aggregate                     may edit the new global model in place
+        for each evaluated client:
+            on_client_evaluate_start     may replace ctx.initial_params with the personalised model
+        on_round_end                     may add entries to the round's metrics
+
+    The loop dispatches these hooks to every callback that defines them. The aggregator receives none of them: an
+    aggregator that needs a client-side measurement (q-FedAvg's loss at w_g) takes it in its own
+    ``Aggregator.probe_client``, called right after ``on_client_train_start``. Lightning's own
+    hooks (``on_train_epoch_end``, ``on_validation_end``, ...) keep working beside them, with one epoch per round.
+    Per-callback state that must survive a crash goes either in ``state_dict`` (server state) or in the
+    ``ClientStateStore`` (per-client state); both are saved in the checkpoint.
+
+    With several processes (``strategy="ddp"``) each rank runs the round with the same sampled clients
+    (``round_ctx.client_ids`` is the whole round) but trains only its share of them, so:
+
+    * ``on_round_start``, ``on_aggregate`` and ``on_round_end`` run on every rank with the same inputs: what they
+      compute and store must be the same everywhere (it is, when it depends only on the round's inputs, the store
+      and server state).
+    * ``on_client_start`` … ``on_client_end`` run only on the rank that trains that client, and
+      ``on_client_evaluate_start`` only on the rank that evaluates it. ``on_clients_end`` runs on every rank, with
+      the updates that rank held; a hook that needs every rank's may gather them (every rank calls it).
+    * Client-store entries written by the per-client hooks reach every rank before the aggregator computes (and
+      after per-client evaluation), so per-client state may be read anywhere from ``on_aggregate`` on.
+    * A server accumulator summed over clients in the per-client hooks holds only this rank's clients. Mix
+      :class:`~lightning_fed.parallel.reduction.CrossProcessState` into the callback, declare the accumulator in
+      ``on_round_start`` with ``self.add_round_state(name, default, reduce=...)`` (``"sum"`` for tensors, numbers or
+      state dicts started at zeros of their final shape, ``"merge"`` for per-client dicts, ``"last"`` for the
+      round's last client's value), and call ``self.reduce_round_state()`` first thing in ``on_aggregate``: from
+      then on the accumulator covers every rank's clients (the identity in one process), as in SCAFFOLD and
+      FedCurv. ``round_ctx.rejected`` and the ``bytes_*`` counters are already combined by then.
+
+    With ``client_parallelism`` above 1 several clients train side by side
+    (:mod:`lightning_fed.engine.batched.training`): each client's ``on_client_start`` and ``on_client_train_start`` run
+    in round order before the group trains, and its ``on_client_end`` after (the module then holds that client's local
+    model). Per-client state must therefore live in ``client_ctx`` (``extras``) or be keyed by client, not kept in one
+    slot of the callback. A callback that overrides any per-client hook sets ``supports_batched_clients = True`` once it
+    does so, and replaces its per-step hooks with :meth:`on_group_before_optimizer_step` /
+    :meth:`on_group_after_optimizer_step`; without it the trainer falls back to training one client at a time, with a
+    warning.
+
+    Attributes:
+        supports_loss_scaling: Set to ``False`` by algorithms that count or edit optimizer steps (fp16 loss scaling
+            skips steps); the trainer then refuses ``precision="16-mixed"`` with a clear error.
+        supports_batched_clients: Whether the callback's per-client hooks are correct when a group of clients
+            trains side by side (see above).
+    """
+
+    supports_loss_scaling: bool = True
+    supports_batched_clients: bool = False
+
+    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+        """Raises when the trainer's settings (aggregator, ``client_eval``, ...) or the datamodule (set up) cannot
+        run this algorithm. ``lightning-fed`` calls it before the run writes anything; the default accepts all.
+
+        Raises:
+            InvalidArgumentError: Naming the setting by its config path (``trainer.aggregator``, ...).
+        """
+
+    def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
+        """Called after the round's clients are sampled."""
+
+    def on_client_start(self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext) -> None:
+        """Called before a client trains; the module does not hold the client's start point yet."""
+
+    def on_client_train_start(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
+    ) -> None:
+        """Called once the module holds ``client_ctx.initial_params``, before the first local step.
+
+        ``dataloader`` yields the client's training data in the order it will train in this round. It is a separate
+        loader from the one training uses, and the client's RNG is seeded after this hook, so iterating it (or
+        drawing random numbers here) does not change the client's data order or dropout masks.
+        """
+
+    def client_loss(
+        self,
+        trainer: FederatedTrainer,
+        pl_module: LightningModule,
+        client_ctx: ClientContext,
+        batch: Any,
+        batch_idx: int,
+    ) -> Tensor | None:
+        """Returns a term added to the training-step loss (e.g. an MMD on captured features), or ``None``."""
+        return None
+
+    def on_client_before_optimizer_step(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
+    ) -> None:
+        """Called after backward (and AMP unscaling), before gradient clipping and the optimizer step."""
+
+    def on_client_after_optimizer_step(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
+    ) -> None:
+        """Called right after the optimizer stepped (before zero-grad); edits to the weights here stay outside the
+        optimizer's state (momentum buffers, Adam moments)."""
+
+    def on_group_before_optimizer_step(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
+    ) -> None:
+        """The batched :meth:`on_client_before_optimizer_step`: edit ``step.grads`` (stacked over the stepping
+        clients) in place; called before the stacked optimizer step."""
+
+    def on_group_after_optimizer_step(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
+    ) -> None:
+        """The batched :meth:`on_client_after_optimizer_step`: edit ``step.params`` in place; called right after
+        the stacked optimizer step."""
+
+    def on_client_end(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
+    ) -> None:
+        """Called after local training; the module still holds the client's local model."""
+
+    def on_clients_end(
+        self,
+        trainer: FederatedTrainer,
+        pl_module: LightningModule,
+        round_ctx: RoundContext,
+        held: list[ClientUpdate],
+    ) -> None:
+        """Called once this rank's clients have trained, before the aggregator sees the updates held back.
+
+        An ``on_client_end`` hook holds an update back by setting ``update.held = True``; here ``held`` lists this
+        rank's held updates in round order, and edits to their ``params`` are what the aggregator receives (an
+        update left non-finite is rejected). The module holds the last client's local model.
+        """
+
+    def on_aggregate(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
+    ) -> None:
+        """Called with the aggregated model before it is loaded; edit ``new_params`` in place to change it."""
+
+    def on_round_end(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
+    ) -> None:
+        """Called after evaluation with the round's metrics; add entries to log them."""
+
+    def on_client_evaluate_start(
+        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext
+    ) -> None:
+        """Called before a client's test split is evaluated; swap ``client_ctx.initial_params`` to personalise."""
+
+    def summary_entries(self, trainer: FederatedTrainer) -> dict[str, Any]:
+        """Entries this callback adds to the run's ``summary.json`` (JSON values; the default adds none).
+
+        Called on rank 0 whenever the summary is written (after every round).
+        """
+        return {}
+
+
+def federated_trainer(trainer: Trainer, callback: object) -> FederatedTrainer:
+    """``trainer`` as a :class:`~lightning_fed.FederatedTrainer`, for Lightning hooks typed with a plain ``Trainer``.
+
+    Raises:
+        TypeError: If ``callback`` is used with a plain Lightning ``Trainer``, which has no rounds.
+    """
+    from lightning_fed.trainer import FederatedTrainer
+
+    if not isinstance(trainer, FederatedTrainer):
+        raise TypeError(
+            f"{type(callback).__name__} is a federated callback: use it with `lightning_fed.FederatedTrainer`, not"
+            f" {type(trainer).__name__}."
+        )
+    return trainer

@@ -1,0 +1,282 @@
+"""Which checkpoint ``ckpt_path`` names, and whether this configuration may resume it.
+
+``ckpt_path`` is one of:
+
+- ``"last"``: the newest checkpoint of the newest run *of this configuration* in ``<default_root_dir>/runs`` (in
+  ``run_dir`` when that is given). Runs of other configurations in the same root are never picked; when there are
+  runs but none matches, the error names the closest one and what differs.
+- a run directory, or a run id (the name of a directory in ``<default_root_dir>/runs``): that run's newest checkpoint.
+- a checkpoint file.
+- Lightning's ``"best"``, ``"hpc"`` and ``"registry..."``, passed on unchanged.
+
+A named run or file is checked against this configuration's fingerprint (:mod:`lightning_fed.run.fingerprint`): any
+difference not named in ``resume_allow_changes`` is an error listing each key with its old and new value.
+``"last"`` with nothing to resume is an error too: a resume that silently starts afresh (or tests a random
+initialisation) is worse than no resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_warn
+
+from lightning_fed.run.fingerprint import (
+    Fingerprint,
+    differences,
+    experiment_fingerprint,
+    format_differences,
+    is_allowed,
+)
+from lightning_fed.run.identity import CHECKPOINTS_DIR, RUNS_DIR, checkpoint_dir, runs_root
+
+if TYPE_CHECKING:
+    from lightning.pytorch import LightningModule
+
+    from lightning_fed.trainer import FederatedTrainer
+
+# Lightning's own names for a checkpoint, resolved by Lightning.
+_LIGHTNING_NAMES = ("best", "hpc")
+
+
+class ResumeError(ValueError):
+    """``ckpt_path`` names nothing to resume, or a run of another configuration."""
+
+
+@dataclass
+class ResumeTarget:
+    """What a ``ckpt_path`` resolved to.
+
+    Attributes:
+        checkpoint: The path (or Lightning name) to hand to Lightning; ``None`` for a fresh start.
+        run_dir: The run directory the checkpoint belongs to, which a resumed fit continues; ``None`` when it belongs
+            to none (a file elsewhere, a Lightning name, a fresh start).
+        changes: The fingerprint keys that differ from the checkpoint's and are allowed to.
+    """
+
+    checkpoint: str | None = None
+    run_dir: Path | None = None
+    changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """``<directory>/checkpoints/last.ckpt`` when it resolves to a file, else the newest ``*.ckpt`` there."""
+    folder = directory if directory.name == CHECKPOINTS_DIR else checkpoint_dir(directory)
+    return _newest_in(folder)
+
+
+def _newest_in(folder: Path) -> Path | None:
+    if not folder.is_dir():
+        return None
+    last = folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+    if last.is_file():  # follows the link; a dangling `last.ckpt` is no checkpoint
+        return last
+    files = [path for path in folder.glob(f"*{ModelCheckpoint.FILE_EXTENSION}") if path.is_file()]
+    return max(files, key=lambda path: path.stat().st_mtime, default=None)
+
+
+def checkpoint_fingerprint(path: Path) -> Fingerprint | None:
+    """The experiment fingerprint a checkpoint carries; ``None`` for a checkpoint saved without one.
+
+    Raises:
+        ResumeError: When the file cannot be read as a checkpoint.
+    """
+    try:
+        # mmap: the tensors stay on disk, so reading the fingerprint of a large model costs no memory.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:
+        checkpoint = None  # not a zip checkpoint (the legacy format cannot be mapped): read it whole
+    except Exception as error:
+        raise ResumeError(f"`ckpt_path`: cannot read the checkpoint {path}: {error}") from error
+    if checkpoint is None:
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:
+            raise ResumeError(f"`ckpt_path`: cannot read the checkpoint {path}: {error}") from error
+    try:
+        fingerprint = checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]["federated"].get("fingerprint")
+    except (KeyError, TypeError, AttributeError):
+        return None
+    return dict(fingerprint) if fingerprint is not None else None
+
+
+def compare(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The differences between a checkpoint's fingerprint and this one, over the groups this one describes.
+
+    A ``validate``/``test`` call given dataloaders rather than a datamodule has no ``data`` group to compare.
+    """
+    groups = {key.split(".", 1)[0] for key in new}
+    return {key: change for key, change in differences(old, new).items() if key.split(".", 1)[0] in groups}
+
+
+def _blocking(diff: Mapping[str, tuple[Any, Any]], allowed: Iterable[str]) -> dict[str, tuple[Any, Any]]:
+    allowed = list(allowed)
+    return {key: change for key, change in diff.items() if not is_allowed(key, allowed)}
+
+
+def resolve_ckpt_path(
+    trainer: FederatedTrainer, ckpt_path: str | Path | None, fingerprint: Fingerprint
+) -> ResumeTarget:
+    """Resolves ``ckpt_path`` for ``fit``, ``validate`` or ``test`` and checks the configuration against it.
+
+    Raises:
+        ResumeError: Nothing to resume, no such checkpoint/run, or a run of another configuration.
+    """
+    if ckpt_path is None:
+        return ResumeTarget()
+    text = str(ckpt_path)
+    if text in _LIGHTNING_NAMES or text.startswith("registry"):
+        return ResumeTarget(checkpoint=text)
+    allowed = trainer.resume_allow_changes
+    if text == "last":
+        return _last(trainer, fingerprint, allowed)
+    path = Path(text)
+    if path.is_dir():
+        run_dir = path.parent if path.name == CHECKPOINTS_DIR else path
+        return _named_run(run_dir, f"run directory {run_dir}", fingerprint, allowed)
+    if path.is_file():
+        parent = path.parent
+        in_a_run = parent.name == CHECKPOINTS_DIR and parent.parent.parent.name == RUNS_DIR
+        return _checked(path, parent.parent if in_a_run else None, fingerprint, allowed)
+    by_id = runs_root(trainer) / text
+    if "/" not in text and by_id.is_dir():
+        return _named_run(by_id, f"run {text}", fingerprint, allowed)
+    raise ResumeError(
+        f"`ckpt_path` must be 'last', a checkpoint file, a run directory or a run id in {runs_root(trainer)}; "
+        f"got {text!r}, which is none of them" + (" (a link to a missing file)" if path.is_symlink() else "") + "."
+    )
+
+
+def _named_run(run_dir: Path, what: str, fingerprint: Fingerprint, allowed: list[str]) -> ResumeTarget:
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise ResumeError(f"`ckpt_path`: {what} has no checkpoint in {checkpoint_dir(run_dir)} to resume from.")
+    return _checked(checkpoint, run_dir, fingerprint, allowed)
+
+
+def _checked(checkpoint: Path, run_dir: Path | None, fingerprint: Fingerprint, allowed: list[str]) -> ResumeTarget:
+    saved = checkpoint_fingerprint(checkpoint)
+    if saved is None:
+        rank_zero_warn(
+            f"The checkpoint {checkpoint} carries no experiment fingerprint (it was saved by an older version):"
+            " whether it belongs to this configuration cannot be checked."
+        )
+        return ResumeTarget(str(checkpoint), run_dir)
+    diff = compare(saved, fingerprint)
+    blocking = _blocking(diff, allowed)
+    if blocking:
+        name = run_dir.name if run_dir is not None else str(checkpoint)
+        raise ResumeError(
+            f"Cannot resume {name}: it was run with another configuration. Differences (checkpoint -> now):\n"
+            f"{format_differences(blocking)}\n"
+            f"Start a new run (leave out `ckpt_path`), or allow these changes with "
+            f"resume_allow_changes={sorted(blocking)} (CLI: --trainer.resume_allow_changes)."
+        )
+    return ResumeTarget(str(checkpoint), run_dir, diff)
+
+
+def _last(trainer: FederatedTrainer, fingerprint: Fingerprint, allowed: list[str]) -> ResumeTarget:
+    candidates = _candidates(trainer)
+    where = trainer.run_dir or runs_root(trainer)
+    if not candidates:
+        raise ResumeError(
+            f"`ckpt_path` is 'last' but there is nothing to resume: no checkpoint under {where}. Leave out "
+            "`ckpt_path` to start a new run, or check `default_root_dir`."
+        )
+    scored = []
+    for run_dir, checkpoint in candidates:
+        saved = checkpoint_fingerprint(checkpoint)
+        diff = {} if saved is None else compare(saved, fingerprint)
+        scored.append((_blocking(diff, allowed), diff, run_dir, checkpoint))
+    matching = [entry for entry in scored if not entry[0]]
+    if matching:
+        _, diff, run_dir, checkpoint = max(matching, key=lambda entry: entry[3].stat().st_mtime)
+        return ResumeTarget(str(checkpoint), run_dir, diff)
+    blocking, _, run_dir, checkpoint = min(scored, key=lambda entry: (len(entry[0]), -entry[3].stat().st_mtime))
+    closest = run_dir.name if run_dir is not None else str(checkpoint)
+    raise ResumeError(
+        f"`ckpt_path` is 'last' but none of the {len(scored)} run(s) under {where} has this configuration. "
+        f"The closest, {closest}, differs in (checkpoint -> now):\n{format_differences(blocking)}\n"
+        f"Start a new run (leave out `ckpt_path`), or resume it with resume_allow_changes={sorted(blocking)} "
+        "(CLI: --trainer.resume_allow_changes)."
+    )
+
+
+def _candidates(trainer: FederatedTrainer) -> list[tuple[Path | None, Path]]:
+    """``(run dir, newest checkpoint)`` of every run that ``"last"`` may resume."""
+    if trainer.run_dir:
+        run_dirs = [Path(trainer.run_dir)]
+    else:
+        root = runs_root(trainer)
+        run_dirs = sorted(path for path in root.iterdir() if path.is_dir()) if root.is_dir() else []
+    found: list[tuple[Path | None, Path]] = []
+    for run_dir in run_dirs:
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is not None:
+            found.append((run_dir, checkpoint))
+    # A checkpoint callback given a directory of its own keeps its runs' checkpoints there, as in plain Lightning.
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback not in trainer._run_checkpoints and callback.dirpath:
+            checkpoint = _newest_in(Path(callback.dirpath))
+            if checkpoint is not None:
+                found.append((None, checkpoint))
+    return found
+
+
+def warn_allowed_changes(target: ResumeTarget) -> None:
+    """Says which allowed settings changed when a run is resumed, so the log of the run tells."""
+    if target.changes:
+        rank_zero_warn(
+            f"Resuming {target.run_dir.name if target.run_dir else target.checkpoint} with changed settings "
+            f"(allowed by `resume_allow_changes`):\n{format_differences(target.changes)}"
+        )
+
+
+def evaluation_checkpoint(
+    trainer: FederatedTrainer,
+    model: LightningModule | None,
+    dataloaders: Any,
+    datamodule: Any,
+    ckpt_path: str | Path | None,
+) -> str | None:
+    """The checkpoint ``validate``/``test`` should load: ``ckpt_path`` resolved as ``fit`` resolves it."""
+    if ckpt_path is None:
+        return None
+    if datamodule is None and isinstance(dataloaders, LightningDataModule):
+        datamodule = dataloaders
+    if datamodule is None and dataloaders is None:
+        datamodule = getattr(trainer, "datamodule", None)
+    module = model if model is not None else trainer.lightning_module
+    fingerprint = experiment_fingerprint(trainer, module, datamodule)
+    return resolve_ckpt_path(trainer, ckpt_path, fingerprint).checkpoint
+
+
+def check_restored_fingerprint(saved: Any, current: Any, allowed: list[str]) -> None:
+    """Refuses a restored checkpoint whose fingerprint differs from this fit's in keys not ``allowed``."""
+    if saved is None or current is None:
+        return
+    blocking = [key for key in compare(saved, current) if not is_allowed(key, allowed)]
+    if blocking:
+        raise ResumeError(
+            f"The checkpoint was saved by a run of another configuration (differing: {', '.join(blocking)});"
+            " allow the changes with `resume_allow_changes` or start a new run."
+        )
+
+
+__all__ = [
+    "ResumeError",
+    "ResumeTarget",
+    "check_restored_fingerprint",
+    "checkpoint_fingerprint",
+    "compare",
+    "evaluation_checkpoint",
+    "latest_checkpoint",
+    "resolve_ckpt_path",
+    "warn_allowed_changes",
+]
