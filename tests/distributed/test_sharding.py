@@ -7,8 +7,9 @@ import torch
 from helpers.boring import BoringClassifier
 from torch import nn
 
-from lightning_fed import FederatedTrainer, distributed
+from lightning_fed import FederatedTrainer
 from lightning_fed.client_store import ClientStateStore
+from lightning_fed.parallel import distributed
 from lightning_fed.run.setup_checks import check_no_sync_batchnorm, check_process_group
 
 
