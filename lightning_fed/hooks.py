@@ -129,12 +129,12 @@ class FedCallback(Callback, CrossProcessState):
       the updates that rank held; a hook that needs every rank's may gather them (every rank calls it).
     * Client-store entries written by the per-client hooks reach every rank before the aggregator computes (and
       after per-client evaluation), so per-client state may be read anywhere from ``on_aggregate`` on.
-    * A server accumulator summed over clients in the per-client hooks holds only this rank's clients. Mix
-      :class:`~lightning_fed.parallel.reduction.CrossProcessState` into the callback, declare the accumulator in
-      ``on_round_start`` with ``self.add_round_state(name, default, reduce=...)`` (``"sum"`` for tensors, numbers or
-      state dicts started at zeros of their final shape, ``"merge"`` for per-client dicts, ``"last"`` for the
-      round's last client's value), and call ``self.reduce_round_state()`` first thing in ``on_aggregate``: from
-      then on the accumulator covers every rank's clients (the identity in one process), as in SCAFFOLD and
+    * A server accumulator summed over clients in the per-client hooks holds only this rank's clients. Declare it
+      in ``on_round_start`` with ``self.add_round_state(name, default, reduce=...)`` (``"sum"`` for tensors,
+      numbers or state dicts started at zeros of their final shape, ``"merge"`` for per-client dicts, ``"last"`` for
+      the round's last client's value; every callback is a
+      :class:`~lightning_fed.parallel.reduction.CrossProcessState`): the engine reduces it before ``on_aggregate``,
+      which then reads the value over every rank's clients (the identity in one process), as in SCAFFOLD and
       FedCurv. ``round_ctx.rejected`` and the ``bytes_*`` counters are already combined by then.
 
     With ``client_parallelism`` above 1 several clients train side by side

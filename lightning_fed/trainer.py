@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback
 
 from lightning_fed.aggregators import Aggregator, FedAvg
 from lightning_fed.context import FederationState, RoundResult
@@ -17,6 +17,7 @@ from lightning_fed.engine.loop import install_round_loop
 from lightning_fed.engine.rejection import warn_if_many_rejected
 from lightning_fed.engine.round import RoundRunner
 from lightning_fed.engine.sampling import UniformClientSampler
+from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.parallel import distributed
 from lightning_fed.parallel.distributed import check_world_size
 from lightning_fed.run.fingerprint import Fingerprint, experiment_fingerprint
@@ -27,6 +28,7 @@ from lightning_fed.run.resume import (
     resolve_ckpt_path,
     warn_allowed_changes,
 )
+from lightning_fed.run.session import RunSession
 from lightning_fed.run.setup_checks import (
     EPOCH_ARGS,
     check_allowed_changes,
@@ -140,18 +142,10 @@ class FederatedTrainer(Trainer):
         self.seed = seed
         self.run_dir = run_dir
         self.resume_allow_changes = check_allowed_changes(resume_allow_changes)
-        self._fingerprint: Fingerprint | None = None
         self.federation_state = FederationState()
-        self._restored = False
-        self._reporter: RunReporter | None = None
-        self._runner: RoundRunner | None = None
-        self._last_round_result: RoundResult | None = None
-        self.summary_path: Path | None = None
-        self._resolved_run_dir: Path | None = None
-        # Checkpoint callbacks given no directory: each fit points them at its own run directory.
-        self._run_checkpoints: list[ModelCheckpoint] = []
         kwargs["callbacks"] = default_callbacks(kwargs)
-        self._run_checkpoints = checkpoints_without_dir(kwargs["callbacks"])
+        # Checkpoint callbacks given no directory: each fit points them at its own run directory.
+        self.session = RunSession(run_checkpoints=checkpoints_without_dir(kwargs["callbacks"]))
         kwargs["plugins"] = with_atomic_checkpoints(kwargs.get("plugins"))
         super().__init__(max_epochs=num_rounds, **kwargs)
         if isinstance(clients_per_round, int):
@@ -184,22 +178,21 @@ class FederatedTrainer(Trainer):
             datamodule, train_dataloaders = train_dataloaders, None
         check_fit_setup(datamodule, train_dataloaders, val_dataloaders)
         # Computed from the fresh objects, before training can change any attribute; every checkpoint carries it.
-        self._fingerprint = experiment_fingerprint(self, model, datamodule)
-        target = resolve_ckpt_path(self, ckpt_path, self._fingerprint)
+        fingerprint = experiment_fingerprint(self, model, datamodule)
+        target = resolve_ckpt_path(self, ckpt_path, fingerprint)
         warn_allowed_changes(target)
-        self._restored = target.checkpoint is not None
-        # Each fit gets its own run directory; a resumed run continues in its own.
-        self._resolved_run_dir = None
+        self.session.start(fingerprint, restored=target.checkpoint is not None)
         run_dir = Path(self.run_dir) if self.run_dir else target.run_dir or new_run_dir(self)
-        open_run(self, run_dir, self._run_checkpoints)
+        open_run(self, run_dir, self.session.run_checkpoints)
         super().fit(
             model,
             datamodule=datamodule,
             ckpt_path=target.checkpoint,
             weights_only=True if weights_only is None else weights_only,
         )
-        if self._reporter is not None and self.is_global_zero:
-            self._reporter.print_final(self.summary_path)
+        reporter = self.session.reporter
+        if reporter is not None and self.is_global_zero:
+            reporter.print_final(self.session.summary_path)
         warn_if_many_rejected(self)
 
     def validate(
@@ -235,47 +228,85 @@ class FederatedTrainer(Trainer):
 
     @property
     def fed_runner(self) -> RoundRunner | None:
-        """The running fit's round runner (``train_locally`` for fine-tuning); ``None`` outside a fit."""
-        return self._runner
+        """The running fit's round runner (owned by the round loop); ``None`` before the rounds start."""
+        return getattr(self.fit_loop.epoch_loop, "runner", None)
 
     @property
     def fed_run_dir(self) -> Path | None:
         """This fit's run directory (``summary.json``, plots, ``checkpoints/``); ``None`` before the first round."""
-        return self._reporter.run_dir if self._reporter is not None else None
+        reporter = self.session.reporter
+        return reporter.run_dir if reporter is not None else None
 
     @property
     def fed_fingerprint(self) -> Fingerprint | None:
         """What defines the latest fit's experiment, as checkpoints carry it (:mod:`lightning_fed.run.fingerprint`)."""
-        return self._fingerprint
+        return self.session.fingerprint
 
     @property
     def fed_run_id(self) -> str | None:
         """This fit's run id, the name of its run directory; ``None`` before the first round."""
         return self.fed_run_dir.name if self.fed_run_dir is not None else None
 
-    def mark_restored(self) -> None:
-        """Records that the running fit restored a checkpoint (the run seed then comes from it)."""
-        self._restored = True
-
-    def resolve_seed(self) -> int:
-        """The run seed: the checkpoint's when resuming, else ``seed``, else ``seed_everything``'s, else 0."""
-        if self._restored and self.federation_state.completed_rounds > 0:
-            return self.federation_state.seed
-        return self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+    @property
+    def summary_path(self) -> Path | None:
+        """Where this fit last wrote ``summary.json`` (rank 0); ``None`` before the first round."""
+        return self.session.summary_path
 
     @property
     def last_round_result(self) -> RoundResult | None:
         """The latest round's :class:`~lightning_fed.context.RoundResult` in this process; ``None`` before one."""
-        return self._last_round_result
+        return self.session.last_round_result
 
-    def start_federation(self, count_step: Any) -> RoundRunner:
-        """Prepares the rounds of a fit and returns their runner.
+    def mark_restored(self) -> None:
+        """Records that the running fit restored a checkpoint (the run seed then comes from it)."""
+        self.session.restored = True
 
-        Called by the round loop before its first round in this process, after any checkpoint is restored: checks
-        the module and the process layout against the settings, fixes the run seed and opens the run directory.
+    def resolve_seed(self) -> int:
+        """The run seed: the checkpoint's when resuming, else ``seed``, else ``seed_everything``'s, else 0."""
+        if self.session.restored and self.federation_state.completed_rounds > 0:
+            return self.federation_state.seed
+        return self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+    def train_locally(
+        self,
+        client_id: int,
+        round_idx: int,
+        start_params: StateDict,
+        epochs: int | None = None,
+        steps: int | None = None,
+        purpose: str = "finetune",
+    ) -> StateDict:
+        """Trains ``start_params`` on a client's training data and returns the result; the global model is untouched.
+
+        Plain local training for fine-tuning and for personalised models trained outside the round (FedAvg-FT,
+        FedProx-FT): fresh optimizer state, no algorithm's ``client_loss`` or per-step hook, and data order and RNG
+        derived from ``(seed, purpose, round, client)``, so the result is reproducible and shifts no other draw of
+        the run. Call it from a hook while the rounds run.
 
         Args:
-            count_step: Advances ``global_step`` by one optimizer step (``count_step(n)``: by ``n``).
+            client_id: Whose training data to use.
+            round_idx: The round it belongs to (part of the seed).
+            start_params: Where training starts (every key of the model's state).
+            epochs: Local passes (default 1 when ``steps`` is not set).
+            steps: Optimizer steps instead of epochs.
+            purpose: Seed namespace, so that two uses in one round draw different data orders.
+
+        Returns:
+            The trained state (detached copies).
+
+        Raises:
+            RuntimeError: Outside a fit's rounds.
+        """
+        runner = self.fed_runner
+        if runner is None:
+            raise RuntimeError("`train_locally` trains a client of a running fit: call it from a federated hook.")
+        return runner.train_locally(client_id, round_idx, start_params, epochs, steps, purpose)
+
+    def start_federation(self) -> None:
+        """Prepares the rounds of a fit; the round loop calls it before its first round in this process.
+
+        Runs after any checkpoint is restored: checks the module and the process layout against the settings,
+        fixes the run seed, sets up the aggregator and opens the run directory and its reporter.
         """
         module = self.lightning_module
         check_federation_setup(self, module)
@@ -283,22 +314,21 @@ class FederatedTrainer(Trainer):
         self.sampler.seed = self.federation_state.seed
         self.aggregator.setup(self)
         # Rank 0 named the run (every rank drew its own id): all ranks report the same directory.
-        self._resolved_run_dir = Path(self.strategy.broadcast(str(resolve_run_dir(self))))
-        self._reporter = RunReporter(self)
-        self._reporter.on_fit_start()
-        self._runner = RoundRunner(self, module, count_step)
-        return self._runner
+        self.session.run_dir = Path(self.strategy.broadcast(str(resolve_run_dir(self))))
+        self.session.reporter = RunReporter(self)
+        self.session.reporter.on_fit_start()
 
     def finish_round(self, result: RoundResult) -> None:
         """Completes a round after Lightning's validation: adds validation metrics and BMTA to ``result.metrics``,
         runs ``on_round_end``, records the round in the history and reports it (loggers, tables, summary)."""
-        assert self._runner is not None and self._reporter is not None, "finish_round runs after start_federation"
+        runner, reporter = self.fed_runner, self.session.reporter
+        assert runner is not None and reporter is not None, "finish_round runs after start_federation"
         metrics = result.metrics
         state = self.federation_state
         state.wall_time_s += metrics["time/round_s"]
         add_validation_and_bmta(metrics, self.callback_metrics, state.history)
-        self._runner.dispatch("on_round_end", result.context, metrics)
+        runner.dispatch("on_round_end", result.context, metrics)
         state.history.append(metrics)
         self.callback_metrics.update({key: torch.tensor(value) for key, value in metrics.items()})
-        self._last_round_result = result
-        self.summary_path = self._reporter.report_round(result)
+        self.session.last_round_result = result
+        self.session.summary_path = reporter.report_round(result)

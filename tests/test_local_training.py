@@ -15,14 +15,9 @@ from torchmetrics import MeanMetric
 
 from lightning_fed.aggregators import FedAvg
 from lightning_fed.callbacks import APFL, FedProx, Scaffold, WeightDivergence
-from lightning_fed.engine.local_training import (
-    _BATCH_HOOKS,
-    _TRANSFER_HOOKS,
-    LocalTrainer,
-    isolated_pass,
-    step_gradient,
-)
+from lightning_fed.engine.local_training import LocalTrainer
 from lightning_fed.engine.log_buffer import LogBuffer, buffered_logging
+from lightning_fed.engine.training_step import _BATCH_HOOKS, _TRANSFER_HOOKS, isolated_pass, step_gradient
 from lightning_fed.hooks import FedCallback
 
 
@@ -93,14 +88,18 @@ def _trainer(callbacks=(), accumulate=1):
 def test_local_trainer_dispatches_to_overriders_only_and_not_at_all_without_hooks():
     batch, prox, _, apfl = callbacks = [_BatchCallback(), FedProx(mu=0.1), HookRecorder(), APFL()]
     local = LocalTrainer(_trainer(callbacks), _Hooked())
-    assert local._callback_hooks["on_before_optimizer_step"] == [batch]
-    assert local._callback_hooks["on_train_batch_end"] == []
-    assert local._module_hooks["on_train_batch_end"] and not local._module_hooks["on_train_batch_start"]
+    assert local.hooks.lightning_targets("on_before_optimizer_step") == ([batch], False)
+    assert local.hooks.lightning_targets("on_train_batch_end") == ([], True)
+    assert not local.hooks.lightning_targets("on_train_batch_start")[1]
     assert local._loss_terms == [apfl] and local._grad_hooks == [prox, apfl]
     assert local._needs_transfer  # the module's own transfer hook must run, even on the CPU
-    central = LocalTrainer(_trainer(callbacks), _Hooked(), hooks=False)
-    assert not any(central._callback_hooks.values()) and not any(central._module_hooks.values())
-    assert central._loss_terms == central._grad_hooks == []
+    for mode in ("plain", "central"):
+        # Beside a round no federated hook runs; beside the federation no hook at all.
+        other = LocalTrainer(_trainer(callbacks), _Hooked(), mode=mode)
+        assert other._loss_terms == other._grad_hooks == other._step_hooks == [] and other.steps is None
+        expected = ([batch], False) if mode == "plain" else ([], False)
+        assert other.hooks.lightning_targets("on_before_optimizer_step") == expected
+        assert other.hooks.lightning_targets("on_train_batch_end")[1] == (mode == "plain")
 
 
 def _batches(count):

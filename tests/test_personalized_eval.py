@@ -46,7 +46,7 @@ class LocalProbe(FedCallback):
 
     def on_round_end(self, trainer, pl_module, round_ctx, metrics):
         start = {name: tensor.clone() for name, tensor in round_ctx.global_params.items()}
-        result = trainer.fed_runner.train_locally(0, round_ctx.round_idx, start, epochs=1, purpose="probe")
+        result = trainer.train_locally(0, round_ctx.round_idx, start, epochs=1, purpose="probe")
         self.calls.append((round_ctx.round_idx, start, result))
 
 

@@ -153,7 +153,7 @@ class QFedAvg(Aggregator):
 def mean_training_loss(trainer: FederatedTrainer, module: LightningModule, dataloader: Any) -> float:
     """Sample-weighted mean of ``training_step``'s loss over ``dataloader``, in eval mode, with logs discarded."""
     # Imported here: local_training imports the callbacks package, which imports the aggregators.
-    from lightning_fed.engine.local_training import training_loss
+    from lightning_fed.engine.training_step import training_loss
 
     was_training = module.training
     module.eval()

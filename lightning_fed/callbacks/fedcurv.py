@@ -15,8 +15,8 @@ from typing_extensions import override
 from lightning_fed.callbacks.penalty import ParameterPenalty
 from lightning_fed.checks import check_choice, check_real
 from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
-from lightning_fed.engine.local_training import loss_of
 from lightning_fed.engine.log_buffer import LogBuffer, batch_size_of, buffered_logging
+from lightning_fed.engine.training_step import loss_of
 from lightning_fed.functional.fedcurv import (
     STAT_KEYS,
     Statistics,
@@ -192,8 +192,8 @@ class FedCurv(ParameterPenalty, CrossProcessState):
     def on_aggregate(
         self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
     ) -> None:
-        # The round's clients all trained against the sums of the round start; only now do their statistics enter.
-        self.reduce_round_state()
+        # The round's clients all trained against the sums of the round start; only now do their statistics enter
+        # (the engine has reduced the declared round state over ranks before this hook).
         if self._num_changes:
             self.sums = updated_sums(self.sums, self._change)
 

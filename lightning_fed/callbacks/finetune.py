@@ -34,7 +34,7 @@ class FineTune(PersonalizedCallback):
     How it plugs in:
         * When a round's clients are evaluated and the round is the last one, or a multiple of ``every_n_rounds``,
           each evaluated client is fine-tuned in ``on_client_evaluate_start`` (through
-          ``trainer.fed_runner.train_locally``) and evaluated with the result (``personal/*`` metrics). Other
+          ``trainer.train_locally``) and evaluated with the result (``personal/*`` metrics). Other
           rounds evaluate the global model (``client/*`` metrics), so ``personal/bmta`` is the best over the
           fine-tuning rounds.
         * Fine-tuning is plain local training: the trainer's optimizer from fresh state, **no** algorithm's
@@ -82,10 +82,7 @@ class FineTune(PersonalizedCallback):
         """The global model fine-tuned on the client's data, on fine-tuning rounds; else ``None`` (global model)."""
         if not self.is_finetune_round(trainer, client_ctx.round_idx):
             return None
-        runner = trainer.fed_runner
-        if runner is None:
-            raise RuntimeError("FineTune runs inside FederatedTrainer.fit only.")
-        return runner.train_locally(
+        return trainer.train_locally(
             client_ctx.client_id, client_ctx.round_idx, client_ctx.global_params, epochs=self.epochs, purpose="finetune"
         )
 

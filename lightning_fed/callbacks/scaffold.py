@@ -207,7 +207,6 @@ class Scaffold(FedCallback, CrossProcessState):
     def on_aggregate(
         self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
     ) -> None:
-        self.reduce_round_state()
         if not self._num_deltas:
             return
         delta_sum = {name: value.cpu() for name, value in self._delta_sum.items()}

@@ -84,7 +84,7 @@ class SharedDataWarmup(FedCallback):
         optimizer = trainer.optimizers[0]
         saved_lrs = [group["lr"] for group in optimizer.param_groups]
         # No hooks: the warm-up is server-side training, not a client's (no client_loss, no batch callbacks).
-        central = LocalTrainer(trainer, module, hooks=False)
+        central = LocalTrainer(trainer, module, mode="central")
         metrics: dict[str, float] = {}
         try:
             optimizer.state.clear()

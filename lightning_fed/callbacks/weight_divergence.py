@@ -14,9 +14,10 @@ from typing_extensions import override
 
 from lightning_fed.checks import check_int
 from lightning_fed.context import RoundContext
-from lightning_fed.engine.local_training import LocalTrainer, isolated_pass
+from lightning_fed.engine.local_training import LocalTrainer
 from lightning_fed.engine.schedule import is_due
 from lightning_fed.engine.seeding import derive_seed, seed_torch
+from lightning_fed.engine.training_step import isolated_pass
 from lightning_fed.functional.divergence import total_weight_divergence, weight_divergence
 from lightning_fed.functional.state_dict import StateDict, clone_state, copy_state_
 from lightning_fed.hooks import FedCallback, federated_trainer
@@ -132,7 +133,7 @@ class WeightDivergence(FedCallback):
         params = [p for p in pl_module.parameters() if p.requires_grad]
         optimizer = torch.optim.SGD(params, lr=lr)
         # No hooks: no callback should mistake the twin's steps for a client's, and no client_loss term applies.
-        central = LocalTrainer(trainer, pl_module, hooks=False)
+        central = LocalTrainer(trainer, pl_module, mode="central")
         try:
             copy_state_(live, self._twin)
             with isolated_pass(pl_module), _kept_scaler(trainer):

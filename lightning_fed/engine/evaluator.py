@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 CLIENT_PREFIX = "client/"
 PERSONAL_PREFIX = "personal/"
 
-Dispatch = Callable[..., None]
+Dispatch = Callable[..., Any]
 
 
 class RoundEvaluator:

@@ -15,15 +15,20 @@ from lightning.pytorch.loops.fetchers import _DataFetcher
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from typing_extensions import override
 
+from lightning_fed.engine.round import RoundRunner
+from lightning_fed.engine.step_counter import StepCounter
 from lightning_fed.run.checkpoint_state import federated_checkpoint, restore_federated_checkpoint
 
 if TYPE_CHECKING:
-    from lightning_fed.engine.round import RoundRunner
     from lightning_fed.trainer import FederatedTrainer
 
 
 class _RoundLoop(_TrainingEpochLoop):
-    """Runs one federated round where Lightning would run one training epoch."""
+    """Runs one federated round where Lightning would run one training epoch.
+
+    The loop owns the fit's :class:`~lightning_fed.engine.round.RoundRunner`: it builds it before its first round in
+    this process (after any checkpoint is restored), with the step counter that advances ``global_step``.
+    """
 
     def __init__(self, trainer: FederatedTrainer) -> None:
         super().__init__(trainer, min_steps=None, max_steps=-1)
@@ -33,7 +38,8 @@ class _RoundLoop(_TrainingEpochLoop):
     def run(self, data_fetcher: _DataFetcher) -> None:
         trainer: FederatedTrainer = self.trainer  # type: ignore[assignment]
         if self.runner is None:
-            self.runner = trainer.start_federation(count_step=self._count_step)
+            trainer.start_federation()
+            self.runner = RoundRunner(trainer, trainer.lightning_module, StepCounter(self._count_step))
         round_idx = trainer.current_epoch
         # A checkpoint saved in `on_validation_end` is taken after the round finished but before Lightning counted
         # the epoch as processed: on resume Lightning re-enters this epoch, and the round must not run twice.
@@ -49,7 +55,7 @@ class _RoundLoop(_TrainingEpochLoop):
             self._validate()
             trainer.finish_round(result)
 
-    def _count_step(self, steps: int = 1) -> None:
+    def _count_step(self, steps: int) -> None:
         step = self.automatic_optimization.optim_progress.optimizer.step
         for _ in range(steps):
             step.increment_ready()

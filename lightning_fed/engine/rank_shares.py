@@ -7,46 +7,43 @@ from __future__ import annotations
 
 from lightning_fed.client_store import ClientStateStore
 from lightning_fed.context import RoundContext
+from lightning_fed.engine.client_half import ClientShare
 from lightning_fed.parallel import distributed
 
 
 def combine_shares(
-    round_ctx: RoundContext,
-    bytes_before: tuple[int, int],
-    train_metrics: dict[int, dict[str, float]],
-    steps_taken: int,
+    round_ctx: RoundContext, bytes_before: tuple[int, int], share: ClientShare
 ) -> tuple[list[dict[str, float]], int]:
-    """Merges the ranks' client metrics, rejections, bytes and optimizer steps.
+    """Merges the ranks' client shares: metrics, rejections, bytes and optimizer steps.
 
-    Bytes counted before training (by ``on_round_start``, alike on every rank) are counted once; the per-client
-    bytes of every rank are added to them. ``round_ctx.rejected`` and the ``bytes_*`` counters are updated in place.
+    Bytes counted before training (by ``on_round_start``, alike on every rank) are counted once; every rank's
+    share of bytes is added to them. ``round_ctx.rejected`` and the ``bytes_*`` counters are updated in place.
 
     Args:
         round_ctx: The round; on return it holds every rank's rejections (in round order) and bytes.
         bytes_before: ``(bytes_up, bytes_down)`` of the round before any client trained.
-        train_metrics: This rank's accepted clients' training metrics.
-        steps_taken: Optimizer steps this rank's clients took.
+        share: What this rank's client half produced.
 
     Returns:
         Every accepted client's training metrics in round order, and the optimizer steps the *other* ranks took
         (to advance ``global_step`` as one process would).
     """
-    share = {
-        "metrics": train_metrics,
-        "rejected": list(round_ctx.rejected),
-        "bytes": (round_ctx.bytes_up - bytes_before[0], round_ctx.bytes_down - bytes_before[1]),
-        "steps": steps_taken,
+    summary = {
+        "metrics": share.train_metrics,
+        "rejected": list(share.rejected),
+        "bytes": (share.bytes_up, share.bytes_down),
+        "steps": share.steps,
     }
-    shares = distributed.all_gather_object(share)
+    shares = distributed.all_gather_object(summary)
     if len(shares) == 1:
-        return list(train_metrics.values()), 0
+        return list(share.train_metrics.values()), 0
     position = {cid: i for i, cid in enumerate(round_ctx.client_ids)}
     merged = {cid: m for other in shares for cid, m in other["metrics"].items()}
     rejected = {cid for other in shares for cid in other["rejected"]}
     round_ctx.rejected[:] = sorted(rejected, key=position.__getitem__)
     round_ctx.bytes_up = bytes_before[0] + sum(other["bytes"][0] for other in shares)
     round_ctx.bytes_down = bytes_before[1] + sum(other["bytes"][1] for other in shares)
-    other_steps = sum(other["steps"] for other in shares) - steps_taken
+    other_steps = sum(other["steps"] for other in shares) - share.steps
     return [merged[cid] for cid in sorted(merged, key=position.__getitem__)], other_steps
 
 

@@ -78,7 +78,7 @@ def open_run(trainer: FederatedTrainer, run_dir: Path, checkpoint_callbacks: lis
 
     Nothing is created on disk here: the run directory appears with the first file written into it.
     """
-    trainer._resolved_run_dir = run_dir
+    trainer.session.run_dir = run_dir
     for callback in checkpoint_callbacks:
         # As ModelCheckpoint stores a dirpath given to it, so that a resumed run's saved dirpath compares equal.
         callback.dirpath = os.path.realpath(checkpoint_dir(run_dir))

@@ -23,15 +23,13 @@ def resolve_run_dir(trainer: FederatedTrainer) -> Path:
     """The run directory: ``trainer.run_dir`` if set, else ``<default_root_dir>/runs/<run id>`` (see
     :mod:`lightning_fed.run.identity`).
 
-    The answer is kept on the trainer (``fit`` decides it when it starts, a resumed run's own directory included), so
-    the config saved at setup, the checkpoints and the summary written later land in the same directory.
+    The answer is kept in the trainer's run session (``fit`` decides it when it starts, a resumed run's own directory
+    included), so the config saved at setup, the checkpoints and the summary written later land in the same directory.
     """
-    cached = getattr(trainer, "_resolved_run_dir", None)
-    if cached is not None:
-        return cached
-    run_dir = new_run_dir(trainer)
-    trainer._resolved_run_dir = run_dir
-    return run_dir
+    session = trainer.session
+    if session.run_dir is None:
+        session.run_dir = new_run_dir(trainer)
+    return session.run_dir
 
 
 def publish_figure(

@@ -222,7 +222,11 @@ def _candidates(trainer: FederatedTrainer) -> list[tuple[Path | None, Path]]:
             found.append((run_dir, checkpoint))
     # A checkpoint callback given a directory of its own keeps its runs' checkpoints there, as in plain Lightning.
     for callback in trainer.checkpoint_callbacks:
-        if isinstance(callback, ModelCheckpoint) and callback not in trainer._run_checkpoints and callback.dirpath:
+        if (
+            isinstance(callback, ModelCheckpoint)
+            and callback not in trainer.session.run_checkpoints
+            and callback.dirpath
+        ):
             checkpoint = _newest_in(Path(callback.dirpath))
             if checkpoint is not None:
                 found.append((None, checkpoint))

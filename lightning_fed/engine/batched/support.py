@@ -12,9 +12,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
 
-from lightning_fed.engine.local_training import _BATCH_HOOKS, _TRANSFER_HOOKS, accumulation_of, isolated_pass, loss_of
 from lightning_fed.engine.log_buffer import routed_logging
 from lightning_fed.engine.seeding import derive_seed
+from lightning_fed.engine.training_step import _BATCH_HOOKS, _TRANSFER_HOOKS, accumulation_of, isolated_pass, loss_of
 from lightning_fed.functional.stacked_optim import unsupported_optimizer
 from lightning_fed.hooks import FedCallback
 

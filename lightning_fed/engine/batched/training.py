@@ -33,8 +33,9 @@ from lightning_fed.engine.batched.support import (
     stack_batches,
     unbatchable_reason,
 )
-from lightning_fed.engine.local_training import client_batches, loss_of
 from lightning_fed.engine.log_buffer import batch_size_of
+from lightning_fed.engine.step_counter import StepCounter
+from lightning_fed.engine.training_step import client_batches, loss_of
 from lightning_fed.functional.stacked_optim import StackedHyperparameters, hyperparameters, stacked_step_
 from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.hooks import ClientGroup, FedCallback, GroupStep
@@ -53,13 +54,13 @@ class ClientGroups:
     Args:
         trainer: The federated trainer.
         module: The user's LightningModule.
-        count_step: Advances ``trainer.global_step`` by ``n`` optimizer steps (``None`` counts nothing).
+        steps: Counts every client's optimizer steps (``trainer.global_step`` and the round's count).
     """
 
-    def __init__(self, trainer: FederatedTrainer, module: LightningModule, count_step: Any) -> None:
+    def __init__(self, trainer: FederatedTrainer, module: LightningModule, steps: StepCounter) -> None:
         self.trainer = trainer
         self.module = module
-        self.count_step = count_step
+        self.steps = steps
         self.size: int | None = None
         callbacks = [cb for cb in trainer.callbacks if isinstance(cb, FedCallback)]
         self.needs_live_model = any(is_overridden("on_client_end", cb, FedCallback) for cb in callbacks)
@@ -191,8 +192,7 @@ class _GroupRun:
                     self.stacked[name].index_copy_(0, index, value.detach())
         for i in members:
             self.group.contexts[i].num_steps += 1
-        if self.owner.count_step is not None:
-            self.owner.count_step(len(members))
+        self.owner.steps.add(len(members))
 
     def _forward(
         self, params: StateDict, batch: Any, batch_idx: int, default_size: int

@@ -1,0 +1,255 @@
+"""The client half of a round: what a client site does with the round it is given.
+
+A client site receives the round (its index, the sampled clients, the global model) and the algorithms' broadcast
+state, trains each of its clients from its start point, checks the update, runs the per-client hooks and folds each
+accepted update into the aggregator's declared round state. What it hands back, its :class:`ClientShare`, is the
+contribution the server half combines: the declared round state of the aggregator and the callbacks (sums, merges,
+the last client's integer buffers), the client-store entries it wrote, and the clients' metrics, steps and bytes.
+
+In one process the round state and the store entries stay in the shared objects; with several processes every rank
+runs this half on its share of the clients, and the server half combines the shares with collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.fabric.utilities.apply_func import apply_to_collection
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch import Tensor
+from torch.optim import Optimizer
+
+from lightning_fed.aggregation import Aggregator
+from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.engine.batched.training import ClientGroups
+from lightning_fed.engine.dispatch import HookDispatcher
+from lightning_fed.engine.local_training import LocalTrainer
+from lightning_fed.engine.rejection import finite_tree, reject_client
+from lightning_fed.engine.seeding import derive_seed, seed_torch
+from lightning_fed.engine.step_counter import StepCounter
+from lightning_fed.functional.state_dict import StateDict, all_finite, clone_state, copy_state_, state_nbytes
+
+if TYPE_CHECKING:
+    from lightning_fed.trainer import FederatedTrainer
+
+
+@dataclass
+class ClientShare:
+    """What one share of a round's clients produced, besides the declared round state and the store entries.
+
+    Attributes:
+        train_metrics: Every accepted client's training metrics, by client id.
+        rejected: The clients whose update was rejected (non-finite), in round order.
+        steps: Optimizer steps its clients took.
+        bytes_up: Client-to-server bytes its clients sent.
+        bytes_down: Server-to-client bytes its clients received.
+    """
+
+    train_metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+    rejected: list[int] = field(default_factory=list)
+    steps: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+
+class ClientHalf:
+    """Trains a share of a round's clients and folds their updates into the aggregator.
+
+    Everything random is drawn from seeds derived from ``(run seed, purpose, round, client)``, so a client's training
+    does not depend on where it runs or on the clients before it.
+
+    Args:
+        trainer: The federated trainer (settings, datamodule, aggregator, client store).
+        module: The user's LightningModule; during the half it holds each client's model in turn.
+        live: The module's live state (``state_dict(keep_vars=True)``).
+        steps: Counts the clients' optimizer steps.
+        hooks: Calls the callbacks' federated hooks.
+    """
+
+    def __init__(
+        self,
+        trainer: FederatedTrainer,
+        module: LightningModule,
+        live: StateDict,
+        steps: StepCounter,
+        hooks: HookDispatcher,
+    ) -> None:
+        self.trainer = trainer
+        self.module = module
+        self.live = live
+        self.steps = steps
+        self.hooks = hooks
+        self.datamodule = trainer.datamodule
+        self.local = LocalTrainer(trainer, module, mode="client", steps=steps)
+        self.batched = ClientGroups(trainer, module, steps)
+        # A probe costs a pass over the client's data: only aggregators that define one get a loader.
+        self._aggregator_probes = is_overridden("probe_client", trainer.aggregator, Aggregator)
+
+    def run(self, round_ctx: RoundContext, client_ids: list[int]) -> ClientShare:
+        """Trains ``client_ids`` (this share of ``round_ctx.client_ids``, in round order) and returns the share.
+
+        Each accepted update reaches ``aggregator.update`` as soon as its client is done (memory stays O(model)),
+        unless an ``on_client_end`` hook holds it back; held updates go through ``on_clients_end`` first.
+        """
+        bytes_before = (round_ctx.bytes_up, round_ctx.bytes_down)
+        rejected_before = len(round_ctx.rejected)
+        self.steps.start_round()
+        share = ClientShare()
+        held: list[ClientUpdate] = []
+        for group in self.batched.groups(client_ids):
+            updates = (
+                self._train_group(round_ctx, group) if len(group) > 1 else [self._train_client(round_ctx, group[0])]
+            )
+            for update in updates:
+                if update is not None:
+                    share.train_metrics[update.client_id] = update.metrics
+                    if update.held:
+                        held.append(update)
+        self._release_held(round_ctx, held, share.train_metrics)
+        share.rejected = round_ctx.rejected[rejected_before:]
+        share.steps = self.steps.round_steps
+        share.bytes_up = round_ctx.bytes_up - bytes_before[0]
+        share.bytes_down = round_ctx.bytes_down - bytes_before[1]
+        return share
+
+    def _train_client(self, round_ctx: RoundContext, client_id: int) -> ClientUpdate | None:
+        store = round_ctx.store
+        # Whatever the client's hooks write to the store before its update is known to be finite is undone if it
+        # is not: a diverged update leaves no state behind that would poison the client's next participation.
+        store.begin()
+        try:
+            ctx, probe = self._start_client(round_ctx, client_id)
+            seed_torch(derive_seed(self.trainer.federation_state.seed, "torch", round_ctx.round_idx, client_id))
+            loader = self.datamodule.client_dataloader(client_id, seed=self._data_seed(round_ctx, client_id))
+            optimizer = self._client_optimizer(client_id)
+            trainer = self.trainer
+            metrics = self.local.fit(loader, optimizer, trainer.local_epochs, trainer.local_steps, ctx=ctx)
+            update = ClientUpdate(client_id, ctx.num_samples, ctx.num_steps, clone_state(self.live), metrics, probe)
+            optimizer_state = optimizer.state_dict()["state"] if trainer.keep_optimizer_state else None
+        except BaseException:
+            store.rollback()
+            raise
+        return self._finish_client(round_ctx, ctx, update, optimizer_state)
+
+    def _train_group(self, round_ctx: RoundContext, client_ids: list[int]) -> list[ClientUpdate | None]:
+        """Trains ``client_ids`` together in one vectorised pass (``client_parallelism``); each client's hooks run
+        in round order before and after it, and each client's store transaction is decided on its own update."""
+        store, started, transactions = round_ctx.store, [], []
+        try:
+            for client_id in client_ids:
+                store.begin()
+                started.append(self._start_client(round_ctx, client_id))
+                transactions.append(store.suspend())
+            contexts = [ctx for ctx, _ in started]
+            seeds = [self._data_seed(round_ctx, cid) for cid in client_ids]
+            loaders = [self.datamodule.client_dataloader(cid, seed=seed) for cid, seed in zip(client_ids, seeds)]
+            run_seed = self.trainer.federation_state.seed
+            seed_torch(derive_seed(run_seed, "torch", round_ctx.round_idx, "group", *client_ids))
+            results = self.batched.fit_group(contexts, loaders)
+        except BaseException:
+            store.rollback()
+            for transaction in reversed(transactions):
+                store.resume(transaction)
+                store.rollback()
+            raise
+        updates: list[ClientUpdate | None] = []
+        for (ctx, probe), transaction, (params, metrics, finite) in zip(started, transactions, results):
+            update = ClientUpdate(ctx.client_id, ctx.num_samples, ctx.num_steps, params, metrics, probe)
+            if self.batched.needs_live_model:
+                # on_client_end's contract: the module holds the client's local model.
+                copy_state_(self.live, params)
+            store.resume(transaction)
+            updates.append(self._finish_client(round_ctx, ctx, update, None, finite))
+        return updates
+
+    def _start_client(self, round_ctx: RoundContext, client_id: int) -> tuple[ClientContext, dict[str, Any]]:
+        """Runs a client's start hooks (the module then holds its start point) and the aggregator's probe."""
+        ctx = ClientContext(
+            client_id=client_id,
+            round_idx=round_ctx.round_idx,
+            global_params=round_ctx.global_params,
+            initial_params=round_ctx.global_params,
+            num_samples=round_ctx.num_samples[client_id],
+            store=round_ctx.store,
+        )
+        self.hooks.call("on_client_start", ctx)
+        copy_state_(self.live, ctx.initial_params)
+        data_seed = self._data_seed(round_ctx, client_id)
+        # Hooks get a loader of their own, and the RNG is seeded after them: whatever they iterate or draw cannot
+        # shift the client's data order or dropout masks.
+        self.hooks.call("on_client_train_start", ctx, self.datamodule.client_dataloader(client_id, seed=data_seed))
+        return ctx, self._probe_client(ctx, data_seed)
+
+    def _data_seed(self, round_ctx: RoundContext, client_id: int) -> int:
+        return derive_seed(self.trainer.federation_state.seed, "data", round_ctx.round_idx, client_id)
+
+    def _finish_client(
+        self,
+        round_ctx: RoundContext,
+        ctx: ClientContext,
+        update: ClientUpdate,
+        optimizer_state: dict[Any, Any] | None,
+        finite: bool | None = None,
+    ) -> ClientUpdate | None:
+        """Rejects a non-finite update (undoing the client's store writes) or commits it, runs ``on_client_end``
+        and hands it to the aggregator; the client's store transaction must be open. ``finite``: whether the update
+        is finite, when already known (a group checks all its clients at once)."""
+        store = round_ctx.store
+        round_ctx.bytes_down += state_nbytes(ctx.initial_params)
+        round_ctx.bytes_up += state_nbytes(update.params)
+        if finite is None:
+            finite = all_finite(update.params)
+        if not (finite and finite_tree(optimizer_state)):
+            store.rollback()
+            reject_client(self.trainer, round_ctx, ctx.client_id)
+            return None
+        store.commit()
+        if optimizer_state is not None:
+            store.put("optimizer", ctx.client_id, optimizer_state)
+        self.hooks.call("on_client_end", ctx, update)
+        if not update.held:
+            self.trainer.aggregator.update(update)
+        return update
+
+    def _release_held(
+        self, round_ctx: RoundContext, held: list[ClientUpdate], train_metrics: dict[int, dict[str, float]]
+    ) -> None:
+        """Runs ``on_clients_end`` on the updates ``on_client_end`` hooks held back, then aggregates them.
+
+        Every rank runs the hook, with or without held updates, so that a hook may exchange them across ranks. A
+        held update that is no longer finite is rejected like a diverged client: whatever a hook wrote into it
+        never reaches the global model. Its client-store writes stand: they came from training that was finite.
+        """
+        self.hooks.call("on_clients_end", round_ctx, held)
+        for update in held:
+            if all_finite(update.params):
+                self.trainer.aggregator.update(update)
+            else:
+                train_metrics.pop(update.client_id, None)
+                reject_client(self.trainer, round_ctx, update.client_id)
+
+    def _probe_client(self, ctx: ClientContext, data_seed: int) -> dict[str, Any]:
+        """The aggregator's client-side measurement (q-FedAvg's loss at the global model), for ``update.extras``."""
+        if not self._aggregator_probes:
+            return {}
+        loader = self.datamodule.client_dataloader(ctx.client_id, seed=data_seed)
+        return dict(self.trainer.aggregator.probe_client(self.trainer, self.module, ctx, loader))
+
+    def _client_optimizer(self, client_id: int) -> Optimizer:
+        """The trainer's optimizer, with fresh state (or the client's own state when it is kept)."""
+        optimizer = self.trainer.optimizers[0]
+        optimizer.state.clear()
+        store = self.trainer.federation_state.store
+        stored = store.get("optimizer", client_id) if self.trainer.keep_optimizer_state else None
+        if stored is not None:
+            # load_state_dict keeps CPU tensors as they are: without a copy the optimizer would step the stored
+            # momentum in place, and a diverging step would poison the kept state even if the update is rejected.
+            stored = apply_to_collection(stored, Tensor, torch.clone)
+            optimizer.load_state_dict({"state": stored, "param_groups": optimizer.state_dict()["param_groups"]})
+        return optimizer
+
+
+__all__ = ["ClientHalf", "ClientShare"]

@@ -1,0 +1,87 @@
+"""The one way the engine calls hooks: federated hooks on the callbacks, Lightning's batch hooks on callbacks and
+module, each only where it is overridden (as Lightning's ``_call_callback_hooks`` calls its callbacks)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from lightning_fed.hooks import FedCallback
+
+if TYPE_CHECKING:
+    from lightning_fed.trainer import FederatedTrainer
+
+
+class HookDispatcher:
+    """Calls a hook on every callback (and, for Lightning's hooks, the module) that overrides it, in callback order.
+
+    Which objects override a hook is looked up once per hook and kept: dispatching every hook to every callback
+    costs more than a small model's training step, and the per-step hooks run at every step.
+
+    Args:
+        trainer: The federated trainer, passed to every hook.
+        module: The user's module, passed to every hook; it receives Lightning's batch hooks itself too.
+        callbacks: Who receives hooks; default ``trainer.callbacks``. The aggregator receives none: it speaks through
+            ``Aggregator.probe_client`` and ``Aggregator.round_metrics``.
+        module_hooks: Whether the module receives Lightning's hooks it overrides.
+    """
+
+    def __init__(
+        self,
+        trainer: FederatedTrainer,
+        module: LightningModule,
+        callbacks: Sequence[Callback] | None = None,
+        module_hooks: bool = True,
+    ) -> None:
+        self.trainer = trainer
+        self.module = module
+        self.callbacks = list(trainer.callbacks if callbacks is None else callbacks)
+        self.module_hooks = module_hooks
+        self._federated: dict[str, list[Any]] = {}
+        self._lightning: dict[str, tuple[list[Callback], bool]] = {}
+
+    def overriding(self, hook: str) -> list[Any]:
+        """The callbacks that define federated hook ``hook``, in callback order."""
+        found = self._federated.get(hook)
+        if found is None:
+            found = self._federated[hook] = [cb for cb in self.callbacks if _defines(cb, hook)]
+        return found
+
+    def call(self, hook: str, *args: Any) -> list[Any]:
+        """Calls federated hook ``hook(trainer, module, *args)`` on every callback that overrides it; returns their
+        results in callback order."""
+        trainer, module = self.trainer, self.module
+        return [getattr(callback, hook)(trainer, module, *args) for callback in self.overriding(hook)]
+
+    def lightning_targets(self, hook: str) -> tuple[list[Callback], bool]:
+        """The callbacks that override Lightning hook ``hook``, and whether the module receives it."""
+        targets = self._lightning.get(hook)
+        if targets is None:
+            callbacks = [cb for cb in self.callbacks if is_overridden(hook, cb, Callback)]
+            module_overrides = self.module_hooks and is_overridden(hook, self.module, LightningModule)
+            targets = self._lightning[hook] = (callbacks, module_overrides)
+        return targets
+
+    def call_lightning(self, hook: str, *args: Any) -> list[Any]:
+        """Calls Lightning hook ``hook``: ``callback.hook(trainer, module, *args)`` on the callbacks that override
+        it, then ``module.hook(*args)`` if the module does; returns their results in that order."""
+        callbacks, module_overrides = self.lightning_targets(hook)
+        trainer, module = self.trainer, self.module
+        results = [getattr(callback, hook)(trainer, module, *args) for callback in callbacks]
+        if module_overrides:
+            results.append(getattr(module, hook)(*args))
+        return results
+
+
+def _defines(callback: Callback, hook: str) -> bool:
+    """Whether ``callback`` defines federated hook ``hook``: a :class:`FedCallback` that overrides it, or any other
+    callback with a method of that name (plain Lightning callbacks may implement a federated hook without the base)."""
+    if isinstance(callback, FedCallback):
+        return is_overridden(hook, callback, FedCallback)
+    return callable(getattr(callback, hook, None))
+
+
+__all__ = ["HookDispatcher"]
