@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.strategies import Strategy
 from torch import Tensor
 from torch.optim import Optimizer
 
-from lightning_fed.context import ClientContext, ClientUpdate, RoundContext, StateDict
+from lightning_fed.context import ClientContext, ClientUpdate, FederationState, RoundContext, StateDict
 from lightning_fed.parallel.reduction import CrossProcessState
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.aggregation import Aggregator
 
 
 @dataclass
@@ -156,7 +159,7 @@ class FedCallback(Callback, CrossProcessState):
     supports_loss_scaling: bool = True
     supports_batched_clients: bool = False
 
-    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+    def check_setup(self, trainer: FederatedTrainerView, datamodule: Any) -> None:
         """Raises when the trainer's settings (aggregator, ``client_eval``, ...) or the datamodule (set up) cannot
         run this algorithm. ``lightning-fed`` calls it before the run writes anything; the default accepts all.
 
@@ -164,14 +167,18 @@ class FedCallback(Callback, CrossProcessState):
             InvalidArgumentError: Naming the setting by its config path (``trainer.aggregator``, ...).
         """
 
-    def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
+    def on_round_start(
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, round_ctx: RoundContext
+    ) -> None:
         """Called after the round's clients are sampled."""
 
-    def on_client_start(self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext) -> None:
+    def on_client_start(
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext
+    ) -> None:
         """Called before a client trains; the module does not hold the client's start point yet."""
 
     def on_client_train_start(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
     ) -> None:
         """Called once the module holds ``client_ctx.initial_params``, before the first local step.
 
@@ -182,7 +189,7 @@ class FedCallback(Callback, CrossProcessState):
 
     def client_loss(
         self,
-        trainer: FederatedTrainer,
+        trainer: FederatedTrainerView,
         pl_module: LightningModule,
         client_ctx: ClientContext,
         batch: Any,
@@ -192,36 +199,36 @@ class FedCallback(Callback, CrossProcessState):
         return None
 
     def on_client_before_optimizer_step(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
     ) -> None:
         """Called after backward (and AMP unscaling), before gradient clipping and the optimizer step."""
 
     def on_client_after_optimizer_step(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
     ) -> None:
         """Called right after the optimizer stepped (before zero-grad); edits to the weights here stay outside the
         optimizer's state (momentum buffers, Adam moments)."""
 
     def on_group_before_optimizer_step(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, step: GroupStep
     ) -> None:
         """The batched :meth:`on_client_before_optimizer_step`: edit ``step.grads`` (stacked over the stepping
         clients) in place; called before the stacked optimizer step."""
 
     def on_group_after_optimizer_step(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, step: GroupStep
     ) -> None:
         """The batched :meth:`on_client_after_optimizer_step`: edit ``step.params`` in place; called right after
         the stacked optimizer step."""
 
     def on_client_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
     ) -> None:
         """Called after local training; the module still holds the client's local model."""
 
     def on_clients_end(
         self,
-        trainer: FederatedTrainer,
+        trainer: FederatedTrainerView,
         pl_module: LightningModule,
         round_ctx: RoundContext,
         held: list[ClientUpdate],
@@ -234,21 +241,25 @@ class FedCallback(Callback, CrossProcessState):
         """
 
     def on_aggregate(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
     ) -> None:
         """Called with the aggregated model before it is loaded; edit ``new_params`` in place to change it."""
 
     def on_round_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
+        self,
+        trainer: FederatedTrainerView,
+        pl_module: LightningModule,
+        round_ctx: RoundContext,
+        metrics: dict[str, float],
     ) -> None:
         """Called after evaluation with the round's metrics; add entries to log them."""
 
     def on_client_evaluate_start(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext
     ) -> None:
         """Called before a client's test split is evaluated; swap ``client_ctx.initial_params`` to personalise."""
 
-    def summary_entries(self, trainer: FederatedTrainer) -> dict[str, Any]:
+    def summary_entries(self, trainer: FederatedTrainerView) -> dict[str, Any]:
         """Entries this callback adds to the run's ``summary.json`` (JSON values; the default adds none).
 
         Called on rank 0 whenever the summary is written (after every round).
@@ -256,17 +267,114 @@ class FedCallback(Callback, CrossProcessState):
         return {}
 
 
-def federated_trainer(trainer: Trainer, callback: object) -> FederatedTrainer:
-    """``trainer`` as a :class:`~lightning_fed.FederatedTrainer`, for Lightning hooks typed with a plain ``Trainer``.
+class ClientSamplerView(Protocol):
+    """What a plug-in may read of the trainer's client sampler."""
+
+    clients_per_round: int | float
+    seed: int
+
+    def num_sampled(self, num_clients: int) -> int:
+        """How many clients a round samples out of ``num_clients``."""
+        ...
+
+    def sample(self, round_idx: int, num_clients: int) -> list[int]:
+        """The clients of round ``round_idx``."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+class FederatedTrainerView(Protocol):
+    """What a plug-in (callback, aggregator, attack) and the engine may read from the trainer.
+
+    Plug-ins type their ``trainer`` argument with this Protocol rather than with
+    :class:`~lightning_fed.FederatedTrainer`, so that an algorithm depends on the contract, not on the trainer that
+    runs it (the engine in one process, a client site in a federation, a test's stand-in). Everything here is read:
+    the round settings, Lightning's trainer state, the run's federation state, and one service,
+    :meth:`train_locally`.
+    """
+
+    # Round settings.
+    num_rounds: int
+    local_epochs: int | None
+    local_steps: int | None
+    client_eval: str
+    eval_every_n_rounds: int
+    client_eval_every_n_rounds: int
+    client_table_every_n_rounds: int
+    on_client_divergence: str
+    keep_optimizer_state: bool
+    client_parallelism: int | str
+    accumulate_grad_batches: int
+    gradient_clip_val: int | float | None
+    gradient_clip_algorithm: str | None
+    # What the round runs with.
+    aggregator: Aggregator
+    sampler: ClientSamplerView
+    callbacks: list[Callback]
+    datamodule: Any
+    federation_state: FederationState
+
+    @property
+    def strategy(self) -> Strategy: ...
+
+    @property
+    def optimizers(self) -> list[Optimizer]: ...
+
+    @property
+    def lightning_module(self) -> LightningModule: ...
+
+    @property
+    def current_epoch(self) -> int: ...
+
+    @property
+    def max_epochs(self) -> int | None: ...
+
+    @property
+    def is_global_zero(self) -> bool: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def default_root_dir(self) -> str: ...
+
+    @property
+    def loggers(self) -> list[Logger]: ...
+
+    @property
+    def callback_metrics(self) -> dict[str, Any]: ...
+
+    @property
+    def fed_run_dir(self) -> Path | None: ...
+
+    def print(self, *args: Any, **kwargs: Any) -> None: ...
+
+    def train_locally(
+        self,
+        client_id: int,
+        round_idx: int,
+        start_params: StateDict,
+        epochs: int | None = None,
+        steps: int | None = None,
+        purpose: str = "finetune",
+    ) -> StateDict:
+        """Plain local training of a client outside the round (see ``FederatedTrainer.train_locally``)."""
+        ...
+
+
+def federated_trainer(trainer: Trainer, callback: object) -> FederatedTrainerView:
+    """``trainer`` as a federated trainer, for Lightning hooks typed with a plain ``Trainer``.
 
     Raises:
         TypeError: If ``callback`` is used with a plain Lightning ``Trainer``, which has no rounds.
     """
-    from lightning_fed.trainer import FederatedTrainer
-
-    if not isinstance(trainer, FederatedTrainer):
+    # Duck-typed: the contract cannot import the trainer that runs it.
+    if not (hasattr(trainer, "federation_state") and hasattr(trainer, "aggregator")):
         raise TypeError(
             f"{type(callback).__name__} is a federated callback: use it with `lightning_fed.FederatedTrainer`, not"
             f" {type(trainer).__name__}."
         )
-    return trainer
+    return cast("FederatedTrainerView", trainer)
