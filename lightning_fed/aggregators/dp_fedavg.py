@@ -191,7 +191,6 @@ class DPFedAvg(Aggregator):
         self._round_clip_norm = self._current_clip_norm
         self._global = global_params
         self._epsilon = None
-        self.reset_integer_entries(global_params, round_ctx)
         floats = self.float64_zeros(global_params)
         params = {name: zeros for name, zeros in floats.items() if name in self._parameter_names}
         buffers = {name: zeros for name, zeros in floats.items() if name not in self._parameter_names}
@@ -210,20 +209,15 @@ class DPFedAvg(Aggregator):
             total.add_(update.params[name].detach().double().to(total.device))
         self._num_accepted += 1
         self._num_unclipped += int(norm <= self._round_clip_norm)
-        self.copy_integer_entries(update)
 
     @override
     def compute(self, global_params: StateDict) -> StateDict:
-        self.reduce_round_state()
         assert self._seed is not None  # reset checked it
         clip_norm, m = self._round_clip_norm, self._expected_clients
         update_noise = gaussian_noise(self._update_sum, self._update_multiplier * clip_norm, self._generator("update"))
-        copied = self.integer_entries(global_params)
         new_params: StateDict = {}
         for name, old in global_params.items():
-            if name in copied:
-                new_params[name] = copied[name]
-            elif name in self._update_sum:
+            if name in self._update_sum:
                 mean_update = (self._update_sum[name] + update_noise[name]) / m
                 new_params[name] = (old.double() + self.server_lr * mean_update).to(old.dtype)
             elif name in self._buffer_sum and self._num_accepted:

@@ -46,6 +46,9 @@ class NormBound(Aggregator):
         max_norm: :math:`M > 0`.
     """
 
+    # The wrapped aggregator copies the integer entries, and keeps the global ones when it skips a round.
+    copies_integer_entries = False
+
     def __init__(self, aggregator: Aggregator, max_norm: float) -> None:
         self.aggregator = check_instance("aggregator", aggregator, Aggregator, "an Aggregator (e.g. FedAvg())")
         self.max_norm = check_real("max_norm", max_norm, minimum=0.0, exclusive_minimum=True)
@@ -98,7 +101,6 @@ class NormBound(Aggregator):
 
     @override
     def compute(self, global_params: StateDict) -> StateDict:
-        self.reduce_round_state()
         return self.aggregator.compute(global_params)
 
     @override
