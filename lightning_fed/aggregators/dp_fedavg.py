@@ -15,7 +15,6 @@ from lightning_fed.context import ClientUpdate, RoundContext
 from lightning_fed.engine.seeding import derive_seed
 from lightning_fed.functional.dp import clip_update, gaussian_noise, next_clip_norm, update_noise_multiplier
 from lightning_fed.functional.state_dict import StateDict
-from lightning_fed.parallel.reduction import CrossProcessState
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -63,8 +62,8 @@ class DPFedAvg(Aggregator):
           fixed-size sampling without replacement and one client's data replaced (the sampler's behaviour; see
           :mod:`lightning_fed.aggregators.privacy_accounting`), logged as ``privacy/epsilon``. It needs :math:`z > 0`,
           the trainer's :class:`~lightning_fed.engine.sampling.UniformClientSampler` and no callback that sends client
-          data to the server outside the noised sum (SCAFFOLD, FedCurv, FedAMP, rFedAvg); ``delta=None`` trains without
-          accounting and accepts any of them.
+          data to the server outside the noised sum (``FedCallback.sends_client_data_to_server``: SCAFFOLD, FedCurv,
+          FedAMP, rFedAvg, WeightDivergence); ``delta=None`` trains without accounting and accepts any of them.
         * Logs ``privacy/clipped_fraction`` (the true fraction of accepted clients whose update was clipped, a
           diagnostic outside the guarantee), ``privacy/clip_norm`` (the round's :math:`S`) and
           ``privacy/noise_std`` (:math:`\sigma_\Delta S / m`, the noise on each coordinate of the averaged update).
@@ -142,13 +141,17 @@ class DPFedAvg(Aggregator):
                     type(trainer.sampler).__name__,
                     "UniformClientSampler (the sampling the privacy accounting assumes) with DPFedAvg(delta=...)",
                 )
-            leaking = [type(cb).__name__ for cb in trainer.callbacks if isinstance(cb, _server_side_client_data())]
+            # Read by attribute: trainer.callbacks also holds plain Lightning callbacks, which send nothing.
+            leaking = [
+                type(cb).__name__ for cb in trainer.callbacks if getattr(cb, "sends_client_data_to_server", False)
+            ]
             if leaking:
                 raise InvalidArgumentError(
                     "trainer.callbacks",
                     leaking,
-                    "free of callbacks that send client data to the server without noise when DPFedAvg accounts"
-                    " privacy (remove them, or pass `delta=None` to DPFedAvg to train without accounting)",
+                    "free of callbacks that send client data to the server without noise"
+                    " (`sends_client_data_to_server = True`) when DPFedAvg accounts privacy (remove them, or pass"
+                    " `delta=None` to DPFedAvg to train without accounting)",
                 )
 
     @override
@@ -278,15 +281,6 @@ class DPFedAvg(Aggregator):
             f" clip_lr={self.clip_lr}, clipped_count_stddev={self.clipped_count_stddev}, delta={self.delta},"
             f" server_lr={self.server_lr})"
         )
-
-
-def _server_side_client_data() -> tuple[type, ...]:
-    """Callback types whose server side reads client data outside the noised sum: declared cross-process sums
-    (SCAFFOLD's controls, FedCurv's statistics), FedAMP's server-held personal models, rFedAvg's shared features."""
-    # Imported here: the callbacks package imports the aggregators.
-    from lightning_fed.callbacks import FedAMP, RFedAvg
-
-    return (CrossProcessState, FedAMP, RFedAvg)
 
 
 def _check_count_stddev(noise_multiplier: float, count_stddev: float) -> None:
