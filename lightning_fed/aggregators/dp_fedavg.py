@@ -80,6 +80,12 @@ class DPFedAvg(Aggregator):
         server_lr: :math:`\eta_s`; 1 applies the noised mean update as it is.
     """
 
+    # In DP-FedAvg each client clips its own update with the round's clip norm S (sent down: with adaptive clipping
+    # it changes every round) and only sums reach the server, as secure aggregation allows; the rounds accounted
+    # stay at the server.
+    broadcast_keys = ("clip_norm",)
+    round_state_is_sum = True
+
     def __init__(
         self,
         clip_norm: float = 1.0,

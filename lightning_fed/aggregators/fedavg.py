@@ -44,6 +44,9 @@ class FedAvg(Aggregator):
         server_lr: :math:`\eta_s`; 1 gives the plain weighted average.
     """
 
+    # Clients train from the global model alone; the round state (weighted sum, accepted weight) is all sums.
+    broadcast_keys = ()
+
     def __init__(self, weighting: Literal["num_samples", "uniform"] = "num_samples", server_lr: float = 1.0) -> None:
         self.weighting = check_choice("weighting", weighting, ("num_samples", "uniform"))
         self.server_lr = check_real("server_lr", server_lr, minimum=0.0, exclusive_minimum=True)

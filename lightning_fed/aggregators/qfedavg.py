@@ -67,6 +67,10 @@ class QFedAvg(Aggregator):
         lipschitz: :math:`L`; ``None`` uses :math:`1/\eta`.
     """
 
+    broadcast_keys = ()
+    # Each client's loss F_k is merged per client (the logged mean), not only summed into the step.
+    round_state_is_sum = False
+
     def __init__(self, q: float = 1.0, lipschitz: float | None = None) -> None:
         self.q = check_real("q", q, minimum=0.0)
         self.lipschitz = check_real("lipschitz", lipschitz, minimum=0.0, exclusive_minimum=True, allow_none=True)

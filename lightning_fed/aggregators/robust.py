@@ -62,6 +62,10 @@ class RobustAggregator(Aggregator):
             Bulyan's selection; every accepted client for the coordinate-wise rules); empty in a skipped round.
     """
 
+    broadcast_keys = ()
+    # The rules need every accepted update (gathered to every rank), not their sum: no secure aggregation.
+    round_state_is_sum = False
+
     def __init__(self) -> None:
         self.selected_clients: list[int] = []
         self._chosen_rows: Tensor | None = None
