@@ -154,10 +154,15 @@ class FedCallback(Callback, CrossProcessState):
             skips steps); the trainer then refuses ``precision="16-mixed"`` with a clear error.
         supports_batched_clients: Whether the callback's per-client hooks are correct when a group of clients
             trains side by side (see above).
+        sends_client_data_to_server: Set to ``True`` by algorithms whose server side reads client data outside the
+            aggregated model update (SCAFFOLD's control changes, FedCurv's statistics, FedAMP's personal models,
+            rFedAvg's feature means): that data is not covered by DP-FedAvg's noise, so its privacy accounting
+            refuses them.
     """
 
     supports_loss_scaling: bool = True
     supports_batched_clients: bool = False
+    sends_client_data_to_server: bool = False
 
     def check_setup(self, trainer: FederatedTrainerView, datamodule: Any) -> None:
         """Raises when the trainer's settings (aggregator, ``client_eval``, ...) or the datamodule (set up) cannot

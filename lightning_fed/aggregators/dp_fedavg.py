@@ -15,7 +15,6 @@ from lightning_fed.context import ClientUpdate, RoundContext
 from lightning_fed.engine.seeding import derive_seed
 from lightning_fed.functional.dp import clip_update, gaussian_noise, next_clip_norm, update_noise_multiplier
 from lightning_fed.functional.state_dict import StateDict
-from lightning_fed.parallel.reduction import CrossProcessState
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -63,8 +62,8 @@ class DPFedAvg(Aggregator):
           fixed-size sampling without replacement and one client's data replaced (the sampler's behaviour; see
           :mod:`lightning_fed.aggregators.privacy_accounting`), logged as ``privacy/epsilon``. It needs :math:`z > 0`,
           the trainer's :class:`~lightning_fed.engine.sampling.UniformClientSampler` and no callback that sends client
-          data to the server outside the noised sum (SCAFFOLD, FedCurv, FedAMP, rFedAvg); ``delta=None`` trains without
-          accounting and accepts any of them.
+          data to the server outside the noised sum (``FedCallback.sends_client_data_to_server``: SCAFFOLD, FedCurv,
+          FedAMP, rFedAvg, WeightDivergence); ``delta=None`` trains without accounting and accepts any of them.
         * Logs ``privacy/clipped_fraction`` (the true fraction of accepted clients whose update was clipped, a
           diagnostic outside the guarantee), ``privacy/clip_norm`` (the round's :math:`S`) and
           ``privacy/noise_std`` (:math:`\sigma_\Delta S / m`, the noise on each coordinate of the averaged update).
@@ -80,6 +79,12 @@ class DPFedAvg(Aggregator):
         delta: The δ at which ε is reported; ``None`` turns accounting off.
         server_lr: :math:`\eta_s`; 1 applies the noised mean update as it is.
     """
+
+    # In DP-FedAvg each client clips its own update with the round's clip norm S (sent down: with adaptive clipping
+    # it changes every round) and only sums reach the server, as secure aggregation allows; the rounds accounted
+    # stay at the server.
+    broadcast_keys = ("clip_norm",)
+    round_state_is_sum = True
 
     def __init__(
         self,
@@ -142,13 +147,17 @@ class DPFedAvg(Aggregator):
                     type(trainer.sampler).__name__,
                     "UniformClientSampler (the sampling the privacy accounting assumes) with DPFedAvg(delta=...)",
                 )
-            leaking = [type(cb).__name__ for cb in trainer.callbacks if isinstance(cb, _server_side_client_data())]
+            # Read by attribute: trainer.callbacks also holds plain Lightning callbacks, which send nothing.
+            leaking = [
+                type(cb).__name__ for cb in trainer.callbacks if getattr(cb, "sends_client_data_to_server", False)
+            ]
             if leaking:
                 raise InvalidArgumentError(
                     "trainer.callbacks",
                     leaking,
-                    "free of callbacks that send client data to the server without noise when DPFedAvg accounts"
-                    " privacy (remove them, or pass `delta=None` to DPFedAvg to train without accounting)",
+                    "free of callbacks that send client data to the server without noise"
+                    " (`sends_client_data_to_server = True`) when DPFedAvg accounts privacy (remove them, or pass"
+                    " `delta=None` to DPFedAvg to train without accounting)",
                 )
 
     @override
@@ -191,7 +200,6 @@ class DPFedAvg(Aggregator):
         self._round_clip_norm = self._current_clip_norm
         self._global = global_params
         self._epsilon = None
-        self.reset_integer_entries(global_params, round_ctx)
         floats = self.float64_zeros(global_params)
         params = {name: zeros for name, zeros in floats.items() if name in self._parameter_names}
         buffers = {name: zeros for name, zeros in floats.items() if name not in self._parameter_names}
@@ -210,20 +218,15 @@ class DPFedAvg(Aggregator):
             total.add_(update.params[name].detach().double().to(total.device))
         self._num_accepted += 1
         self._num_unclipped += int(norm <= self._round_clip_norm)
-        self.copy_integer_entries(update)
 
     @override
     def compute(self, global_params: StateDict) -> StateDict:
-        self.reduce_round_state()
         assert self._seed is not None  # reset checked it
         clip_norm, m = self._round_clip_norm, self._expected_clients
         update_noise = gaussian_noise(self._update_sum, self._update_multiplier * clip_norm, self._generator("update"))
-        copied = self.integer_entries(global_params)
         new_params: StateDict = {}
         for name, old in global_params.items():
-            if name in copied:
-                new_params[name] = copied[name]
-            elif name in self._update_sum:
+            if name in self._update_sum:
                 mean_update = (self._update_sum[name] + update_noise[name]) / m
                 new_params[name] = (old.double() + self.server_lr * mean_update).to(old.dtype)
             elif name in self._buffer_sum and self._num_accepted:
@@ -284,15 +287,6 @@ class DPFedAvg(Aggregator):
             f" clip_lr={self.clip_lr}, clipped_count_stddev={self.clipped_count_stddev}, delta={self.delta},"
             f" server_lr={self.server_lr})"
         )
-
-
-def _server_side_client_data() -> tuple[type, ...]:
-    """Callback types whose server side reads client data outside the noised sum: declared cross-process sums
-    (SCAFFOLD's controls, FedCurv's statistics), FedAMP's server-held personal models, rFedAvg's shared features."""
-    # Imported here: the callbacks package imports the aggregators.
-    from lightning_fed.callbacks import FedAMP, RFedAvg
-
-    return (CrossProcessState, FedAMP, RFedAvg)
 
 
 def _check_count_stddev(noise_multiplier: float, count_stddev: float) -> None:

@@ -44,6 +44,9 @@ class FedAvg(Aggregator):
         server_lr: :math:`\eta_s`; 1 gives the plain weighted average.
     """
 
+    # Clients train from the global model alone; the round state (weighted sum, accepted weight) is all sums.
+    broadcast_keys = ()
+
     def __init__(self, weighting: Literal["num_samples", "uniform"] = "num_samples", server_lr: float = 1.0) -> None:
         self.weighting = check_choice("weighting", weighting, ("num_samples", "uniform"))
         self.server_lr = check_real("server_lr", server_lr, minimum=0.0, exclusive_minimum=True)
@@ -66,7 +69,6 @@ class FedAvg(Aggregator):
         if total <= 0:
             raise ValueError("The sampled clients hold no training samples; check the partition.")
         self._weights = {cid: size / total for cid, size in sizes.items()}
-        self.reset_integer_entries(global_params, round_ctx)
         self.add_round_state("_sum", self.float64_zeros(global_params), reduce="sum")
         self.add_round_state("_accepted_weight", 0.0, reduce="sum")
         if self.steps_parameters:
@@ -78,11 +80,9 @@ class FedAvg(Aggregator):
         self._accepted_weight += weight
         for name, tensor in self.float_entries(update.params).items():
             self._sum[name].add_(tensor.detach().double(), alpha=weight)
-        self.copy_integer_entries(update)
 
     @override
     def compute(self, global_params: StateDict) -> StateDict:
-        self.reduce_round_state()
         if self._accepted_weight == 0.0:
             return {name: tensor.clone() for name, tensor in global_params.items()}
         renormalise = self._accepted_weight != 1.0
@@ -94,12 +94,9 @@ class FedAvg(Aggregator):
             }
             for name, step in self.server_step(pseudo_gradient).items():
                 means[name] = global_params[name].double() + step
-        copied = self.integer_entries(global_params)
         new_params: StateDict = {}
         for name, old in global_params.items():
-            if name in copied:
-                new_params[name] = copied[name]
-            elif name in means:
+            if name in means:
                 new_params[name] = means[name].to(old.dtype)
             else:
                 new_params[name] = old.clone()

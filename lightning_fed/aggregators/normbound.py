@@ -46,6 +46,14 @@ class NormBound(Aggregator):
         max_norm: :math:`M > 0`.
     """
 
+    # The wrapped aggregator copies the integer entries, and keeps the global ones when it skips a round.
+    copies_integer_entries = False
+    # The state_dict is the wrapped aggregator's: broadcast_state sends what that aggregator declares.
+    broadcast_keys = None
+    # The server clips each update it receives (a defence clients cannot be trusted to apply), so it must see each
+    # one, whatever the wrapped rule: no secure aggregation.
+    round_state_is_sum = False
+
     def __init__(self, aggregator: Aggregator, max_norm: float) -> None:
         self.aggregator = check_instance("aggregator", aggregator, Aggregator, "an Aggregator (e.g. FedAvg())")
         self.max_norm = check_real("max_norm", max_norm, minimum=0.0, exclusive_minimum=True)
@@ -98,7 +106,6 @@ class NormBound(Aggregator):
 
     @override
     def compute(self, global_params: StateDict) -> StateDict:
-        self.reduce_round_state()
         return self.aggregator.compute(global_params)
 
     @override
@@ -115,6 +122,10 @@ class NormBound(Aggregator):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.aggregator.load_state_dict(state_dict)
+
+    @override
+    def broadcast_state(self) -> dict[str, Any]:
+        return self.aggregator.broadcast_state()
 
     @override
     def __repr__(self) -> str:

@@ -67,6 +67,10 @@ class QFedAvg(Aggregator):
         lipschitz: :math:`L`; ``None`` uses :math:`1/\eta`.
     """
 
+    broadcast_keys = ()
+    # Each client's loss F_k is merged per client (the logged mean), not only summed into the step.
+    round_state_is_sum = False
+
     def __init__(self, q: float = 1.0, lipschitz: float | None = None) -> None:
         self.q = check_real("q", q, minimum=0.0)
         self.lipschitz = check_real("lipschitz", lipschitz, minimum=0.0, exclusive_minimum=True, allow_none=True)
@@ -81,7 +85,6 @@ class QFedAvg(Aggregator):
     @override
     def reset(self, global_params: StateDict, round_ctx: RoundContext) -> None:
         self._global = global_params
-        self.reset_integer_entries(global_params, round_ctx)
         self.add_round_state("_delta_sum", self.float64_zeros(global_params), reduce="sum")
         self.add_round_state("_h_sum", 0.0, reduce="sum")
         self.add_round_state("_num_accepted", 0, reduce="sum")
@@ -126,18 +129,15 @@ class QFedAvg(Aggregator):
         for name, delta in deltas.items():
             self._delta_sum[name].add_(delta)
         self.client_losses[update.client_id] = loss
-        self.copy_integer_entries(update)
 
     @override
     def compute(self, global_params: StateDict) -> StateDict:
-        self.reduce_round_state()
         # The ranks' losses arrive in rank order: put them in round order, as one process holds them.
         in_round_order = sorted(self.client_losses, key=self._round_positions.__getitem__)
         self.client_losses = {cid: self.client_losses[cid] for cid in in_round_order}
         new_params = {name: tensor.clone() for name, tensor in global_params.items()}
         if self._num_accepted:
             new_params.update(apply_step(global_params, self._delta_sum, self._h_sum))
-        new_params.update(self.integer_entries(global_params))
         return new_params
 
     @override

@@ -62,6 +62,10 @@ class RobustAggregator(Aggregator):
             Bulyan's selection; every accepted client for the coordinate-wise rules); empty in a skipped round.
     """
 
+    broadcast_keys = ()
+    # The rules need every accepted update (gathered to every rank), not their sum: no secure aggregation.
+    round_state_is_sum = False
+
     def __init__(self) -> None:
         self.selected_clients: list[int] = []
         self._chosen_rows: Tensor | None = None
@@ -113,7 +117,6 @@ class RobustAggregator(Aggregator):
 
     @override
     def reset(self, global_params: StateDict, round_ctx: RoundContext) -> None:
-        self.reset_integer_entries(global_params, round_ctx)
         floats = self.float_entries(global_params)
         if any(t.is_complex() for t in floats.values()):
             raise TypeError(f"{type(self).__name__} orders values, so it cannot aggregate complex entries.")
@@ -149,7 +152,6 @@ class RobustAggregator(Aggregator):
             self._rows = torch.cat([self._rows, torch.empty_like(self._rows[: max(count, 1)])])
         self._flatten(update.params, self._rows[count])
         self._positions.append(self._round_positions[update.client_id])
-        self.copy_integer_entries(update)
 
     def _gathered_rows(self) -> tuple[Tensor, list[int]]:
         """Every rank's accepted rows in round order, and their positions in the round."""
@@ -164,12 +166,12 @@ class RobustAggregator(Aggregator):
 
     @override
     def compute(self, global_params: StateDict) -> StateDict:
-        self.reduce_round_state()
         rows, positions = self._gathered_rows()
         self._rows = torch.empty(0, 0)  # the rows are freed once the rule has run
         new_params = {name: tensor.clone() for name, tensor in global_params.items()}
         if rows.shape[0] < self.minimum_clients(self._num_sampled):
             self._skip(rows.shape[0])
+            self.keep_global_integer_entries()  # the round keeps the global model, counters included
             return new_params
         self._chosen_rows = None
         flat = self.aggregate(rows, self._global_row)
@@ -179,7 +181,6 @@ class RobustAggregator(Aggregator):
             device = global_params[name].device
             new_params[name] = flat[offset : offset + size].view(shape).to(device=device, dtype=dtype)
             offset += size
-        new_params.update(self.integer_entries(global_params))
         chosen = range(len(positions)) if self._chosen_rows is None else self._chosen_rows.tolist()
         self.selected_clients = [self._client_ids[positions[row]] for row in chosen]
         return new_params

@@ -30,6 +30,9 @@ class ServerOptimizer(FedAvg):
     the model and the state as they were.
     """
 
+    # The optimizer's buffers and step count stay at the server: clients train from the global model alone.
+    broadcast_keys = ()
+
     buffer_names: tuple[str, ...] = ()
     #: The constructor arguments ``repr`` shows, in order; each is an attribute of the same name.
     repr_arguments: tuple[str, ...] = ("server_lr", "weighting")

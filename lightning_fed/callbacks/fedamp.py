@@ -87,6 +87,8 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
 
     namespace_name = "fedamp"
     sigma_may_be_zero: ClassVar[bool] = False
+    # The server holds every client's personal model w_i to build the cloud models u_i.
+    sends_client_data_to_server = True
 
     def __init__(
         self,

@@ -114,6 +114,9 @@ class FedCurv(ParameterPenalty, CrossProcessState):
         log_every_n_steps: Log the penalty value every n local steps.
     """
 
+    # Each client's Fisher statistics u, v, w are summed at the server without noise.
+    sends_client_data_to_server = True
+
     namespace = "fedcurv"
 
     def __init__(self, lam: float, fisher: str = "empirical", log_every_n_steps: int = 1) -> None:

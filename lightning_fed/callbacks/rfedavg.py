@@ -83,6 +83,9 @@ class RFedAvg(FeatureLossTerm):
         population: ``"all"`` or ``"sampled"`` (see above).
     """
 
+    # Each client's feature mean δ reaches the server, outside DP-FedAvg's noise (its own dp_std noise aside).
+    sends_client_data_to_server = True
+
     def __init__(
         self,
         lam: float,

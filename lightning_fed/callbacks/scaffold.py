@@ -83,6 +83,8 @@ class Scaffold(FedCallback, CrossProcessState):
 
     supports_loss_scaling = False
     supports_batched_clients = True
+    # Each client's control change c_i+ - c_i is summed at the server without noise.
+    sends_client_data_to_server = True
     namespace = "scaffold"
 
     def __init__(self) -> None:

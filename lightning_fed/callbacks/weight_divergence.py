@@ -69,6 +69,9 @@ class WeightDivergence(FedCallback):
         every_n_rounds: Log the divergence every this many rounds (the twin still trains every round).
     """
 
+    # The twin trains on every client's training data pooled at the server.
+    sends_client_data_to_server = True
+
     def __init__(self, every_n_rounds: int = 1) -> None:
         self.every_n_rounds: int = check_int("every_n_rounds", every_n_rounds, minimum=1)
         self._twin: StateDict = {}

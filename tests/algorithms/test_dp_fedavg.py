@@ -263,3 +263,26 @@ def test_accounting_refuses_a_sampler_it_does_not_assume():
     unaccounted = DPFedAvg(delta=None, noise_multiplier=0.0)
     unaccounted.check_setup(trainer, trainer.datamodule)
     unaccounted.setup(trainer)
+
+
+def test_accounting_reads_the_callbacks_flag_not_their_names():
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import Callback
+
+    from lightning_fed.engine.sampling import UniformClientSampler
+
+    class Uploader(FedCallback):
+        sends_client_data_to_server = True
+
+    class Quiet(FedCallback):
+        pass
+
+    def trainer(*callbacks):
+        return SimpleNamespace(sampler=UniformClientSampler(2), callbacks=list(callbacks))
+
+    with pytest.raises(InvalidArgumentError, match=r"`trainer.callbacks`.*sends_client_data_to_server.*\['Uploader'\]"):
+        DPFedAvg().check_setup(trainer(Quiet(), Uploader(), Callback()), None)
+    # A federated callback without the flag, and a plain Lightning callback, send nothing.
+    DPFedAvg().check_setup(trainer(Quiet(), Callback()), None)
+    DPFedAvg(delta=None).check_setup(trainer(Uploader()), None)
