@@ -301,26 +301,59 @@ class FederatedTrainerView(Protocol):
     :meth:`train_locally`.
     """
 
-    # Round settings.
-    num_rounds: int
-    local_epochs: int | None
-    local_steps: int | None
-    client_eval: str
-    eval_every_n_rounds: int
-    client_eval_every_n_rounds: int
-    client_table_every_n_rounds: int
-    on_client_divergence: str
-    keep_optimizer_state: bool
-    client_parallelism: int | str
-    accumulate_grad_batches: int
-    gradient_clip_val: int | float | None
-    gradient_clip_algorithm: str | None
-    # What the round runs with.
-    aggregator: Aggregator
-    sampler: ClientSamplerView
-    callbacks: list[Callback]
-    datamodule: Any
-    federation_state: FederationState
+    @property
+    def num_rounds(self) -> int: ...
+
+    @property
+    def local_epochs(self) -> int | None: ...
+
+    @property
+    def local_steps(self) -> int | None: ...
+
+    @property
+    def client_eval(self) -> str: ...
+
+    @property
+    def eval_every_n_rounds(self) -> int: ...
+
+    @property
+    def client_eval_every_n_rounds(self) -> int: ...
+
+    @property
+    def client_table_every_n_rounds(self) -> int: ...
+
+    @property
+    def on_client_divergence(self) -> str: ...
+
+    @property
+    def keep_optimizer_state(self) -> bool: ...
+
+    @property
+    def client_parallelism(self) -> int | str: ...
+
+    @property
+    def accumulate_grad_batches(self) -> int: ...
+
+    @property
+    def gradient_clip_val(self) -> int | float | None: ...
+
+    @property
+    def gradient_clip_algorithm(self) -> str | None: ...
+
+    @property
+    def aggregator(self) -> Aggregator: ...
+
+    @property
+    def sampler(self) -> ClientSamplerView: ...
+
+    @property
+    def callbacks(self) -> list[Callback]: ...
+
+    @property
+    def datamodule(self) -> Any: ...
+
+    @property
+    def federation_state(self) -> FederationState: ...
 
     @property
     def strategy(self) -> Strategy: ...

@@ -212,7 +212,7 @@ def test_declarations_match_what_the_run_does(tmp_path, monkeypatch, name):
     run = _fit(tmp_path / "plain", name, monkeypatch)
     plugins = run["plugins"]
     declared_namespaces = {ns for p in plugins for ns in p.client_state_namespaces}
-    assert run["written"] - {"optimizer"} == declared_namespaces, name
+    assert run["written"] - {"optimizer"} == declared_namespaces, (name, sorted(run["written"]))
     for plugin in plugins:
         kinds = {kind for state, kind in run["reductions"][type(plugin).__name__].items() if state != INTEGER_POLICY}
         kinds |= run["gathers"].get(type(plugin).__name__, set())

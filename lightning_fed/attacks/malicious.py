@@ -79,6 +79,9 @@ class MaliciousClients(FedCallback):
         num_classes: :math:`C` of ``"label_flip"`` (default: the datamodule's ``num_classes``).
     """
 
+    # ALIE gathers the honest updates of every rank itself: no secure aggregation.
+    round_state_is_sum = False
+
     def __init__(
         self,
         fraction: float,

@@ -85,6 +85,8 @@ class APFL(PersonalizedCallback):
         evaluate_with: Which :math:`w` the evaluated :math:`\bar v_i` mixes in: ``"local"`` or ``"global"``.
     """
 
+    client_state_namespaces = ("apfl",)  # v_i and alpha_i stay at the client
+
     supports_loss_scaling = False
 
     def __init__(

@@ -85,6 +85,11 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
         log_every_n_steps: Log the proximal value every n local steps.
     """
 
+    client_state_namespaces = ("fedamp",)  # w_i, which the server also reads for every u_i
+    # Every client's w_i reaches the server (merged): no secure aggregation.
+    round_state_is_sum = False
+    broadcast_keys = ()
+
     namespace_name = "fedamp"
     sigma_may_be_zero: ClassVar[bool] = False
     # The server holds every client's personal model w_i to build the cloud models u_i.

@@ -114,6 +114,10 @@ class FedCurv(ParameterPenalty, CrossProcessState):
         log_every_n_steps: Log the penalty value every n local steps.
     """
 
+    client_state_namespaces = ("fedcurv",)  # u_i, v_i, w_i: the client's own last statistics
+    # Each client penalises with the sums U, V, W less its own statistics.
+    broadcast_keys = ("sums",)
+
     # Each client's Fisher statistics u, v, w are summed at the server without noise.
     sends_client_data_to_server = True
 

@@ -78,6 +78,8 @@ class FedGG(ParameterPenalty):
         log_every_n_steps: Log the term every n local steps.
     """
 
+    broadcast_keys = ()
+
     # The step weight and the anchors live in single slots of the callback, one client at a time: no batched form.
     supports_batched_clients = False
 

@@ -47,6 +47,8 @@ class HeurFedAMP(FedAMP):
         log_every_n_steps: Log the proximal value every n local steps.
     """
 
+    client_state_namespaces = ("heurfedamp",)
+
     namespace_name = "heurfedamp"
     sigma_may_be_zero: ClassVar[bool] = True
 

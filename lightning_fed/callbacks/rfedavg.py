@@ -83,6 +83,11 @@ class RFedAvg(FeatureLossTerm):
         population: ``"all"`` or ``"sampled"`` (see above).
     """
 
+    client_state_namespaces = ("rfedavg",)  # delta_i
+    # Every client's delta_i reaches the server (merged): no secure aggregation as written.
+    round_state_is_sum = False
+    broadcast_keys = ()
+
     # Each client's feature mean δ reaches the server, outside DP-FedAvg's noise (its own dp_std noise aside).
     sends_client_data_to_server = True
 

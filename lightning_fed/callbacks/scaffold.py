@@ -81,6 +81,9 @@ class Scaffold(FedCallback, CrossProcessState):
           clients trained side by side (``client_parallelism``) each apply their own, stacked.
     """
 
+    client_state_namespaces = ("scaffold",)  # c_i
+    broadcast_keys = ("server_control",)  # c
+
     supports_loss_scaling = False
     supports_batched_clients = True
     # Each client's control change c_i+ - c_i is summed at the server without noise.

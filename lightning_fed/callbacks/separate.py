@@ -42,6 +42,8 @@ class Separate(PersonalizedCallback):
           centralised training on its own data.
     """
 
+    client_state_namespaces = ("separate",)  # each client's own model
+
     def __init__(self) -> None:
         super().__init__("separate")
 

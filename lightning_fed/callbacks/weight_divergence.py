@@ -69,6 +69,8 @@ class WeightDivergence(FedCallback):
         every_n_rounds: Log the divergence every this many rounds (the twin still trains every round).
     """
 
+    broadcast_keys = ()  # the SGD twin trains on the server
+
     # The twin trains on every client's training data pooled at the server.
     sends_client_data_to_server = True
 
