@@ -8,6 +8,7 @@ gradient clipping behave the same everywhere.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ from torchmetrics import Metric
 
 from lightning_fed.context import ClientContext
 from lightning_fed.engine.log_buffer import LogBuffer, batch_size_of, buffered_logging
-from lightning_fed.hooks import FedCallback
+from lightning_fed.hooks import FedCallback, GroupStep
 from lightning_fed.parallel.distributed import rank_local_metrics
 
 if TYPE_CHECKING:
@@ -39,6 +40,13 @@ _BATCH_HOOKS = (
     "on_train_batch_end",
 )
 _TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+# The per-step hooks take one GroupStep, for a client alone as for a batched group.
+STEP_HOOKS = ("on_client_before_optimizer_step", "on_client_after_optimizer_step")
+# Hook names that no longer exist, with the hook that replaced them: an override would silently never run.
+_REMOVED_STEP_HOOKS = {
+    "on_group_before_optimizer_step": "on_client_before_optimizer_step",
+    "on_group_after_optimizer_step": "on_client_after_optimizer_step",
+}
 
 
 def loss_of(output: Any) -> Tensor | None:
@@ -161,6 +169,44 @@ def _metric_snapshot(metric: Metric) -> dict[str, Any]:
     return state
 
 
+def check_step_hooks(callbacks: Iterable[Any]) -> None:
+    """Refuses callbacks written against the per-step hooks before they took one :class:`GroupStep`.
+
+    Such a callback would otherwise train without its hook (an ``on_group_*`` override is never called) or fail
+    at its first step with a bare missing-argument error.
+
+    Raises:
+        TypeError: Naming the callback, the hook and the signature to write instead.
+    """
+    for callback in callbacks:
+        name = type(callback).__name__
+        for removed, hook in _REMOVED_STEP_HOOKS.items():
+            if callable(getattr(callback, removed, None)):
+                raise TypeError(
+                    f"{name} overrides `{removed}`, which no longer exists: write the step once as"
+                    f" `{hook}(self, trainer, pl_module, step: GroupStep)`, where `step.params` / `step.grads` are"
+                    " stacked over the clients taking the step (a client training alone is a group of one)."
+                )
+        if not isinstance(callback, FedCallback):
+            continue
+        for hook in STEP_HOOKS:
+            if is_overridden(hook, callback, FedCallback) and _required_positional(getattr(callback, hook)) > 3:
+                raise TypeError(
+                    f"{name}.{hook} takes (trainer, pl_module, client_ctx, optimizer), the signature it had before"
+                    f" the per-step hooks were unified: write it as `{hook}(self, trainer, pl_module, step:"
+                    " GroupStep)`; the context is `step.contexts[i]`, the optimizer `step.optimizer`."
+                )
+
+
+def _required_positional(method: Callable[..., Any]) -> int:
+    """How many positional arguments a bound method needs (a ``*args`` catch-all accepts any number: 0)."""
+    parameters = inspect.signature(method).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return 0
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(1 for p in parameters if p.kind in positional and p.default is inspect.Parameter.empty)
+
+
 def client_batches(
     dataloader: Iterable[Any], local_epochs: int | None, local_steps: int | None, accumulate: int
 ) -> Iterator[tuple[int, Any, bool]]:
@@ -194,7 +240,9 @@ class LocalTrainer:
     hooks, but only on callbacks and modules that override them (Lightning's ``is_overridden``), and with
     ``self.log`` buffered by :class:`~lightning_fed.engine.log_buffer.LogBuffer`. Federated hooks run in between:
     ``client_loss`` terms are added to the loss before backward, and ``on_client_before_optimizer_step`` sees
-    unscaled gradients before clipping.
+    unscaled gradients before clipping. The per-step hooks see the client as a group of one
+    (:meth:`GroupStep.for_client <lightning_fed.hooks.GroupStep.for_client>`), built only when some callback
+    overrides one of them.
 
     Args:
         trainer: The federated trainer (its strategy gives device and precision; its ``accumulate_grad_batches``,
@@ -205,6 +253,9 @@ class LocalTrainer:
         hooks: Whether callbacks' and the module's hooks run (Lightning's batch hooks, and in
             :meth:`fit_client` the federated ones). ``False`` for training beside the federation, such as the
             warm-up on shared data or the SGD twin, which no callback should mistake for a client's steps.
+
+    Raises:
+        TypeError: If a callback overrides a per-step hook with its old signature (:func:`check_step_hooks`).
     """
 
     def __init__(
@@ -218,6 +269,7 @@ class LocalTrainer:
         self.module = module
         self.count_step = count_step
         callbacks: list[Callback] = list(trainer.callbacks) if hooks else []
+        check_step_hooks(callbacks)
         self._callback_hooks = {h: [cb for cb in callbacks if is_overridden(h, cb, Callback)] for h in _BATCH_HOOKS}
         self._module_hooks = {h: hooks and is_overridden(h, module, LightningModule) for h in _BATCH_HOOKS}
         # Federated hooks go to callbacks only: the aggregator speaks through probe_client and round_metrics.
@@ -231,6 +283,8 @@ class LocalTrainer:
         self.buffer = LogBuffer()
         self._scaler: Any = None
         self._federated = True
+        # The client seen as a group of one, while it trains with per-step hooks to call (else None).
+        self._client_step: GroupStep | None = None
 
     def fit_client(
         self,
@@ -283,6 +337,9 @@ class LocalTrainer:
         self._federated = federated
         # Looked up once per client: the strategy's precision plugin does not change within a fit.
         self._scaler = getattr(self.trainer.strategy.precision_plugin, "scaler", None)
+        # Built once per client and only for per-step hooks: FedAvg's steps pay nothing for the view.
+        if federated and ctx is not None and (self._grad_hooks or self._step_hooks):
+            self._client_step = GroupStep.for_client(module, ctx, optimizer)
         try:
             with buffered_logging(module, self.buffer):
                 for batch_idx, batch, boundary in client_batches(dataloader, epochs, steps, accumulate):
@@ -290,6 +347,7 @@ class LocalTrainer:
                         break
         finally:
             self._federated = True
+            self._client_step = None
         with rank_local_metrics(module):
             return self.buffer.compute()
 
@@ -336,14 +394,15 @@ class LocalTrainer:
         trainer, module, scaler = self.trainer, self.module, self._scaler
         if scaler is not None:
             scaler.unscale_(optimizer)
-        if self._federated and ctx is not None:
+        step = self._client_step
+        if step is not None:
             for callback in self._grad_hooks:
-                callback.on_client_before_optimizer_step(trainer, module, ctx, optimizer)
+                callback.on_client_before_optimizer_step(trainer, module, step)
         self._call("on_before_optimizer_step", optimizer)
         clip_and_step(trainer, module, optimizer, scaler)
-        if self._federated and ctx is not None:
+        if step is not None:
             for callback in self._step_hooks:
-                callback.on_client_after_optimizer_step(trainer, module, ctx, optimizer)
+                callback.on_client_after_optimizer_step(trainer, module, step)
         self._call("on_before_zero_grad", optimizer)
         optimizer.zero_grad(set_to_none=True)
         if ctx is not None:
@@ -362,8 +421,10 @@ class LocalTrainer:
 
 
 __all__ = [
+    "STEP_HOOKS",
     "LocalTrainer",
     "accumulation_of",
+    "check_step_hooks",
     "client_batches",
     "clip_and_step",
     "isolated_pass",
