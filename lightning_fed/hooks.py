@@ -110,7 +110,7 @@ class _LiveView(Mapping[str, Tensor]):
     a view taken now sees the tensor the optimizer will read.
     """
 
-    def __init__(self, params: dict[str, Tensor], grads: bool) -> None:
+    def __init__(self, params: Mapping[str, Tensor], grads: bool) -> None:
         self._params = params
         self._grads = grads
 
