@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -43,24 +43,49 @@ class ClientGroup:
 
 @dataclass
 class GroupStep:
-    """One optimizer step of some of a group's clients.
+    """One optimizer step of some of a group's clients; a client that trains alone is a group of one.
+
+    The per-step hooks see only this view, so each step idea is written once, on stacked tensors, and serves both
+    the sequential loop (:meth:`for_client`, ``[1, *shape]`` views onto the live module) and batched clients.
 
     Attributes:
         group: The group.
         members: Positions in ``group.contexts`` of the clients taking this step.
         params: Their trainable parameters by name, stacked ``[len(members), *shape]``; edit them in place in
-            ``on_group_after_optimizer_step`` (as the sequential hook edits the module's weights).
-        grads: Their gradients, same shapes; add to them in place in ``on_group_before_optimizer_step``.
+            ``on_client_after_optimizer_step`` (the hook runs under ``torch.no_grad()`` for batched clients; the
+            views of a client alone carry no autograd history).
+        grads: Their gradients, same shapes; add to them in place in ``on_client_before_optimizer_step``.
         log: ``log(position, name, value)`` logs a value for the client at ``position`` in ``members`` order, as
             ``pl_module.log`` does for the client that trains alone.
+        optimizer: The optimizer taking the step (its ``param_groups`` hold the learning rates). Batched clients
+            step a stacked twin of it, with the same settings.
     """
 
     group: ClientGroup
     members: list[int]
-    params: dict[str, Tensor]
-    grads: dict[str, Tensor]
+    params: Mapping[str, Tensor]
+    grads: Mapping[str, Tensor]
     log: Callable[[int, str, Any], None]
+    optimizer: Optimizer
     _index: Tensor | None = None
+
+    @classmethod
+    def for_client(cls, module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer) -> GroupStep:
+        """The step of one client training alone in ``module``: a group of one.
+
+        ``params`` and ``grads`` are views ``[1, *shape]`` onto the module's live trainable parameters and their
+        ``.grad``, read at every access, so one view serves all of the client's steps and in-place edits land in
+        the module. Reading a gradient that backward left as ``None`` creates a zero ``.grad`` first (an edit must
+        reach the optimizer); one that nobody reads stays ``None``, as ``torch.optim`` expects of unused
+        parameters. ``log`` goes to ``module.log``.
+        """
+        trainable = {name: p for name, p in module.named_parameters() if p.requires_grad}
+
+        def log(position: int, name: str, value: Any) -> None:
+            module.log(name, value)
+
+        group = ClientGroup([client_ctx])
+        return cls(group, [0], _LiveView(trainable, grads=False), _LiveView(trainable, grads=True), log, optimizer)
 
     @property
     def contexts(self) -> list[ClientContext]:
@@ -81,6 +106,32 @@ class GroupStep:
         return stacked.index_select(0, self._index)
 
 
+class _LiveView(Mapping[str, Tensor]):
+    """A module's live parameters (or their ``.grad``) by name, as views with a leading client dimension of 1.
+
+    Built at each access rather than once: the step replaces every ``.grad`` (zero-grad sets them to ``None``), and
+    a view taken now sees the tensor the optimizer will read.
+    """
+
+    def __init__(self, params: Mapping[str, Tensor], grads: bool) -> None:
+        self._params = params
+        self._grads = grads
+
+    def __getitem__(self, name: str) -> Tensor:
+        param = self._params[name]
+        if not self._grads:
+            return param.detach().unsqueeze(0)
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        return param.grad.unsqueeze(0)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
+
+
 FED_HOOKS = (
     "on_round_start",
     "on_client_start",
@@ -88,8 +139,6 @@ FED_HOOKS = (
     "client_loss",
     "on_client_before_optimizer_step",
     "on_client_after_optimizer_step",
-    "on_group_before_optimizer_step",
-    "on_group_after_optimizer_step",
     "on_client_end",
     "on_clients_end",
     "on_aggregate",
@@ -105,8 +154,8 @@ class FedCallback(Callback, CrossProcessState):
         for each sampled client:
             on_client_start              may replace ctx.initial_params (personalisation)
             on_client_train_start        the module now holds the start point; the client's loader is given
-            per local step: client_loss  (added to the loss) -> backward -> on_client_before_optimizer_step
-                            -> optimizer step -> on_client_after_optimizer_step
+            per local step: client_loss  (added to the loss) -> backward -> on_client_before_optimizer_step(step)
+                            -> optimizer step -> on_client_after_optimizer_step(step)
             on_client_end                sees the ClientUpdate before the aggregator does; may hold it back
         on_clients_end                   once this rank's clients have trained: may rewrite the held updates
         on_aggregate                     may edit the new global model in place
@@ -145,9 +194,14 @@ class FedCallback(Callback, CrossProcessState):
     in round order before the group trains, and its ``on_client_end`` after (the module then holds that client's local
     model). Per-client state must therefore live in ``client_ctx`` (``extras``) or be keyed by client, not kept in one
     slot of the callback. A callback that overrides any per-client hook sets ``supports_batched_clients = True`` once it
-    does so, and replaces its per-step hooks with :meth:`on_group_before_optimizer_step` /
-    :meth:`on_group_after_optimizer_step`; without it the trainer falls back to training one client at a time, with a
-    warning.
+    does so; without it the trainer falls back to training one client at a time, with a warning.
+
+    The two per-step hooks have one form for both cases: they receive a :class:`GroupStep`, whose ``params`` and
+    ``grads`` are stacked ``[clients, *shape]`` over the clients taking the step. A client that trains alone is a
+    group of one (views ``[1, *shape]`` onto the module's live parameters and ``.grad``), so a step idea is written
+    once, on the stacked tensors, and a callback writes no batched twin of it. A callback that keeps per-client
+    state in one slot (FedGG, APFL) may unpack ``(ctx,) = step.contexts`` and leave ``supports_batched_clients``
+    off.
 
     Attributes:
         supports_loss_scaling: Set to ``False`` by algorithms that count or edit optimizer steps (fp16 loss scaling
@@ -204,27 +258,16 @@ class FedCallback(Callback, CrossProcessState):
         return None
 
     def on_client_before_optimizer_step(
-        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, step: GroupStep
     ) -> None:
-        """Called after backward (and AMP unscaling), before gradient clipping and the optimizer step."""
+        """Called after backward (and AMP unscaling), before gradient clipping and the optimizer step: add to
+        ``step.grads`` (stacked over the stepping clients; ``[1, *shape]`` for a client alone) in place."""
 
     def on_client_after_optimizer_step(
-        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
-    ) -> None:
-        """Called right after the optimizer stepped (before zero-grad); edits to the weights here stay outside the
-        optimizer's state (momentum buffers, Adam moments)."""
-
-    def on_group_before_optimizer_step(
         self, trainer: FederatedTrainerView, pl_module: LightningModule, step: GroupStep
     ) -> None:
-        """The batched :meth:`on_client_before_optimizer_step`: edit ``step.grads`` (stacked over the stepping
-        clients) in place; called before the stacked optimizer step."""
-
-    def on_group_after_optimizer_step(
-        self, trainer: FederatedTrainerView, pl_module: LightningModule, step: GroupStep
-    ) -> None:
-        """The batched :meth:`on_client_after_optimizer_step`: edit ``step.params`` in place; called right after
-        the stacked optimizer step."""
+        """Called right after the optimizer stepped (before zero-grad): edit ``step.params`` in place; such edits
+        stay outside the optimizer's state (momentum buffers, Adam moments)."""
 
     def on_client_end(
         self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate

@@ -1,12 +1,13 @@
 """The one local-training primitive: hook dispatch by Lightning's ``is_overridden``, ``step_gradient`` and
 ``isolated_pass``."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.boring import BoringClassifier, HookRecorder
+from helpers.boring import BoringClassifier, HookRecorder, fast_trainer, make_datamodule
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, Timer, TQDMProgressBar
 from lightning.pytorch.plugins.precision import Precision
@@ -18,7 +19,7 @@ from lightning_fed.callbacks import APFL, FedProx, Scaffold, WeightDivergence
 from lightning_fed.engine.local_training import LocalTrainer
 from lightning_fed.engine.log_buffer import LogBuffer, buffered_logging
 from lightning_fed.engine.training_step import _BATCH_HOOKS, _TRANSFER_HOOKS, isolated_pass, step_gradient
-from lightning_fed.hooks import FedCallback
+from lightning_fed.hooks import FedCallback, GroupStep
 
 
 def _by_identity(obj, base, hook):
@@ -154,3 +155,85 @@ def test_isolated_pass_restores_rng_metrics_and_logging():
     assert torch.equal(draw, torch.rand(1))
     assert module.metric.compute().item() == 1.0
     assert outer.compute() == {"outside": 2.0}
+
+
+def test_a_client_alone_is_a_group_of_one_whose_views_reach_the_live_module():
+    module = BoringClassifier()
+    optimizer = module.configure_optimizers()
+    ctx = SimpleNamespace(num_steps=0)
+    step = GroupStep.for_client(module, ctx, optimizer)
+    params = dict(module.named_parameters())
+    assert step.contexts == [ctx] and step.everyone and step.optimizer is optimizer
+    assert list(step.params) == list(step.grads) == list(params)
+    first, other = list(params)[:2]
+    assert step.params[first].shape == (1, *params[first].shape)
+    before = params[first].detach().clone()
+    step.params[first].sub_(1.0)
+    torch.testing.assert_close(params[first].detach(), before - 1.0, rtol=0, atol=0)
+    # Reading a gradient backward left as None creates the zero .grad that the edit must reach; unread ones stay None.
+    step.grads[first].add_(2.0)
+    assert torch.equal(params[first].grad, torch.full_like(params[first], 2.0))
+    assert all(p.grad is None for name, p in params.items() if name != first)
+    params[other].grad = torch.ones_like(params[other])
+    step.grads[other].mul_(3.0)
+    assert torch.equal(params[other].grad, torch.full_like(params[other], 3.0))
+    buffer = LogBuffer()
+    with buffered_logging(module, buffer):
+        step.log(0, "value", torch.tensor(4.0))
+    assert buffer.compute() == {"value": 4.0}
+
+
+class _Counting(FedCallback):
+    def on_client_after_optimizer_step(self, trainer, pl_module, step):
+        self.steps = getattr(self, "steps", 0) + 1
+
+
+@pytest.mark.parametrize("stepping", [False, True])
+def test_the_group_of_one_view_is_built_once_per_client_and_only_for_per_step_hooks(tmp_path, monkeypatch, stepping):
+    built = []
+    for_client = GroupStep.for_client.__func__
+
+    def counted(cls, module, ctx, optimizer):
+        built.append(ctx.client_id)
+        return for_client(cls, module, ctx, optimizer)
+
+    monkeypatch.setattr(GroupStep, "for_client", classmethod(counted))
+    callbacks = [_Counting()] if stepping else [HookRecorder()]
+    trainer = fast_trainer(tmp_path, num_rounds=2, clients_per_round=2, callbacks=callbacks)
+    trainer.fit(BoringClassifier(), datamodule=make_datamodule(num_clients=3))
+    assert len(built) == (4 if stepping else 0)
+    if stepping:
+        assert callbacks[0].steps == trainer.global_step > 0
+
+
+class _GroupHook(FedCallback):
+    supports_batched_clients = True
+
+    def on_group_before_optimizer_step(self, trainer, pl_module, step):
+        pass
+
+
+class _FourArguments(FedCallback):
+    def on_client_after_optimizer_step(self, trainer, pl_module, client_ctx, optimizer):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("callback", "message"),
+    [
+        (
+            _GroupHook(),
+            "_GroupHook overrides `on_group_before_optimizer_step`, which no longer exists: write the step once as"
+            " `on_client_before_optimizer_step(self, trainer, pl_module, step: GroupStep)`",
+        ),
+        (
+            _FourArguments(),
+            "_FourArguments.on_client_after_optimizer_step takes (trainer, pl_module, client_ctx, optimizer)",
+        ),
+    ],
+)
+def test_a_callback_written_for_the_old_step_hooks_is_refused_at_fit_start(tmp_path, callback, message):
+    trainer = fast_trainer(tmp_path, callbacks=[callback])
+    with pytest.raises(TypeError, match=re.escape(message)):
+        trainer.fit(BoringClassifier(), datamodule=make_datamodule())
+    assert trainer.global_step == 0

@@ -6,6 +6,7 @@ from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_
 
 from lightning_fed import ClientContext, ClientStateStore, ParameterPenalty
 from lightning_fed.engine.log_buffer import LogBuffer, buffered_logging
+from lightning_fed.hooks import GroupStep
 
 
 class Prox(ParameterPenalty):
@@ -33,7 +34,7 @@ def _injected_grads(penalty: ParameterPenalty, module, ctx, x, y) -> dict[str, t
     module.zero_grad()
     F.cross_entropy(module(x), y).backward()
     with buffered_logging(module, LogBuffer()):
-        penalty.on_client_before_optimizer_step(None, module, ctx, None)
+        penalty.on_client_before_optimizer_step(None, module, GroupStep.for_client(module, ctx, None))
     return {n: p.grad.clone() for n, p in module.named_parameters()}
 
 

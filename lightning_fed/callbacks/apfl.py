@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor
-from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_fed.callbacks.personalized import PersonalizedCallback
@@ -17,6 +16,7 @@ from lightning_fed.engine.seeding import derive_seed, seed_torch
 from lightning_fed.engine.training_step import isolated_pass, step_gradient
 from lightning_fed.functional.apfl import alpha_gradient, alpha_step, mix, personal_step_
 from lightning_fed.functional.state_dict import StateDict, copy_state_
+from lightning_fed.hooks import GroupStep
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -141,12 +141,13 @@ class APFL(PersonalizedCallback):
 
     @override
     def on_client_before_optimizer_step(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
+        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
     ) -> None:
+        (client_ctx,) = step.contexts  # one client at a time (supports_batched_clients is off)
         batches, self._batches = self._batches, []
         if not batches or self._alpha is None:
             return
-        lr = float(optimizer.param_groups[0]["lr"])
+        lr = float(step.optimizer.param_groups[0]["lr"])
         params, buffers = self._live_params, self._live_buffers
         global_params = {name: p.detach().clone() for name, p in params.items()}
         global_buffers = {name: b.detach().clone() for name, b in buffers.items()}
@@ -166,8 +167,8 @@ class APFL(PersonalizedCallback):
         personal_step_(self._personal, grads, alpha, lr)
         self._alpha = new_alpha
         if loss is not None:
-            pl_module.log("apfl_personal_loss", loss)
-        pl_module.log("apfl_alpha", new_alpha.float())
+            step.log(0, "apfl_personal_loss", loss)
+        step.log(0, "apfl_alpha", new_alpha.float())
 
     def _gradient_at_mixture(
         self,

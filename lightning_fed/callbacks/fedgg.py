@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor
-from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_fed.callbacks.penalty import ParameterPenalty
 from lightning_fed.checks import InvalidArgumentError, check_bool, check_real
 from lightning_fed.context import ClientContext, RoundContext
 from lightning_fed.functional.fedgg import adaptive_weight, cosine_loss, cosine_loss_gradient, flatten, unflatten
+from lightning_fed.hooks import GroupStep
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -151,17 +151,18 @@ class FedGG(ParameterPenalty):
 
     @override
     def on_client_before_optimizer_step(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
+        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
     ) -> None:
+        (client_ctx,) = step.contexts  # one client at a time (supports_batched_clients is off)
         if not self.is_active(client_ctx):
             return
-        params = _trainable(pl_module)
+        params = {name: p[0] for name, p in step.params.items()}
         self._weight = self.step_weight(params, client_ctx)
         self._before_last_step.copy_(self._flat(params))
-        super().on_client_before_optimizer_step(trainer, pl_module, client_ctx, optimizer)
+        super().on_client_before_optimizer_step(trainer, pl_module, step)
         if client_ctx.num_steps % self.log_every_n_steps == 0:
             weight = self._weight
-            pl_module.log("fedgg_lambda", weight if isinstance(weight, Tensor) else torch.tensor(weight))
+            step.log(0, "fedgg_lambda", weight if isinstance(weight, Tensor) else torch.tensor(weight))
 
     @override
     def penalty(self, params: dict[str, Tensor], client_ctx: ClientContext) -> Tensor:

@@ -8,12 +8,10 @@ from typing import TYPE_CHECKING
 import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor
-from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_fed.checks import check_instance, check_int
 from lightning_fed.context import ClientContext
-from lightning_fed.functional.gradients import add_to_grad_
 from lightning_fed.hooks import FedCallback, GroupStep
 
 if TYPE_CHECKING:
@@ -34,9 +32,11 @@ class ParameterPenalty(FedCallback, ABC):
     (``requires_grad`` ones only), keyed by ``named_parameters`` names. Anything the penalty is measured against
     (the global model, a Fisher) must be detached: the penalty's gradient is taken with respect to ``params`` only.
 
-    Clients trained side by side (``client_parallelism``) get the same gradient and logged value per client from
-    :meth:`on_group_before_optimizer_step`, which calls :meth:`gradient` on each client's slice of the stacked
-    parameters; a subclass may override :meth:`group_gradient` with a vectorised form.
+    The one per-step hook, :meth:`on_client_before_optimizer_step`, sees the stepping clients stacked (a client
+    training alone is a group of one): it calls :meth:`gradient` and :meth:`penalty` on each client's slice of the
+    stacked parameters, so clients trained side by side (``client_parallelism``) get the gradient and logged value
+    they get alone. A subclass may add the vectorised forms :meth:`group_gradient` and :meth:`group_penalty`, used
+    when several clients step together.
 
     Args:
         log_name: Key the penalty value is logged under.
@@ -71,30 +71,19 @@ class ParameterPenalty(FedCallback, ABC):
             grads = torch.autograd.grad(self.penalty(leaves, client_ctx), list(leaves.values()), allow_unused=True)
         return {name: (g if g is not None else torch.zeros_like(p)) for (name, p), g in zip(leaves.items(), grads)}
 
-    @override
-    def on_client_before_optimizer_step(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
-    ) -> None:
-        if not self.is_active(client_ctx):
-            return
-        params: dict[str, Tensor] = {name: p for name, p in pl_module.named_parameters() if p.requires_grad}
-        for name, grad in self.gradient(params, client_ctx).items():
-            add_to_grad_(params[name], grad)
-        with torch.no_grad():
-            if client_ctx.num_steps % self.log_every_n_steps == 0:
-                pl_module.log(self.log_name, self.penalty({n: p.detach() for n, p in params.items()}, client_ctx))
-
     def group_gradient(self, params: dict[str, Tensor], step: GroupStep) -> dict[str, Tensor] | None:
         """The penalty's gradient for every stepping client at once (stacked like ``params``), or ``None`` to take
-        each client's :meth:`gradient` in turn. Only called when the penalty is active for every stepping client."""
+        each client's :meth:`gradient` in turn. Only called when several clients step and the penalty is active for
+        every one of them."""
         return None
 
     def group_penalty(self, params: dict[str, Tensor], step: GroupStep) -> Tensor | None:
-        """Every stepping client's penalty value ``[clients]``, or ``None`` to take each client's :meth:`penalty`."""
+        """Every stepping client's penalty value ``[clients]``, or ``None`` to take each client's :meth:`penalty`.
+        Only called when several clients step and the penalty is active for every one of them."""
         return None
 
     @override
-    def on_group_before_optimizer_step(
+    def on_client_before_optimizer_step(
         self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
     ) -> None:
         contexts = step.contexts
@@ -102,21 +91,26 @@ class ParameterPenalty(FedCallback, ABC):
         if not any(active):
             return
         params = {name: p.detach() for name, p in step.params.items()}
-        stacked = self.group_gradient(params, step) if all(active) else None
+        # A client alone takes the per-client forms, so its gradient and logged value are bit for bit what they
+        # always were; the vectorised forms pay off only for several clients.
+        vectorised = len(contexts) > 1 and all(active)
+        stacked = self.group_gradient(params, step) if vectorised else None
         if stacked is not None:
             for name, grad in stacked.items():
-                step.grads[name].add_(grad.to(step.grads[name].dtype))
+                target = step.grads[name]
+                target.add_(grad.to(target.dtype))
         else:
             for position, ctx in enumerate(contexts):
                 if active[position]:
                     own = {name: p[position] for name, p in params.items()}
                     for name, grad in self.gradient(own, ctx).items():
-                        step.grads[name][position].add_(grad.to(step.grads[name].dtype))
+                        target = step.grads[name]
+                        target[position].add_(grad.to(target.dtype))
         # Every stepping client has taken the same number of steps, so they log together or not at all.
         if contexts[0].num_steps % self.log_every_n_steps != 0:
             return
         with torch.no_grad():
-            values = self.group_penalty(params, step) if all(active) else None
+            values = self.group_penalty(params, step) if vectorised else None
             for position, ctx in enumerate(contexts):
                 if active[position]:
                     value = values[position] if values is not None else self._own_penalty(params, position, ctx)

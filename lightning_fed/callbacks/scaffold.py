@@ -13,7 +13,6 @@ from typing_extensions import override
 from lightning_fed.aggregators.fedavg import FedAvg
 from lightning_fed.checks import InvalidArgumentError
 from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
-from lightning_fed.functional.gradients import add_to_grad_
 from lightning_fed.functional.scaffold import (
     client_control_update,
     gradient_correction,
@@ -141,52 +140,32 @@ class Scaffold(FedCallback, CrossProcessState):
 
     @override
     def on_client_before_optimizer_step(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
-    ) -> None:
-        if not self._through_grad:
-            return
-        corrections = client_ctx.extras[self.namespace].correction
-        for name, param in pl_module.named_parameters():
-            correction = corrections.get(name)
-            if correction is not None:
-                add_to_grad_(param, correction)
-
-    @override
-    def on_client_after_optimizer_step(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, optimizer: Optimizer
-    ) -> None:
-        if self._through_grad:
-            return
-        own = client_ctx.extras[self.namespace]
-        # Learning rates move only between rounds (epoch-interval schedulers), so the client's are read once.
-        if own.lrs is None:
-            own.lrs = _parameter_lrs(pl_module, optimizer, own.correction)
-        with torch.no_grad():
-            for name, param in pl_module.named_parameters():
-                correction = own.correction.get(name)
-                if correction is not None:
-                    param.sub_(correction.to(param.dtype), alpha=own.lrs[name])
-
-    @override
-    def on_group_before_optimizer_step(
         self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
     ) -> None:
         if not self._through_grad:
             return
-        corrections = step.group.stacked(self.namespace, lambda ctx: ctx.extras[self.namespace].correction)
+        corrections = self._corrections(step)
         for name, grad in step.grads.items():
             grad.add_(step.select(corrections[name]).to(grad.dtype))
 
     @override
-    def on_group_after_optimizer_step(
+    def on_client_after_optimizer_step(
         self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
     ) -> None:
         if self._through_grad:
             return
-        corrections = step.group.stacked(self.namespace, lambda ctx: ctx.extras[self.namespace].correction)
-        lrs = _parameter_lrs(pl_module, trainer.optimizers[0], corrections)
-        for name, param in step.params.items():
-            param.sub_(step.select(corrections[name]).to(param.dtype), alpha=lrs[name])
+        corrections = self._corrections(step)
+        # Learning rates move only between rounds (epoch-interval schedulers), so a group's are read once.
+        lrs = step.group.cache.get(_LRS_KEY)
+        if lrs is None:
+            lrs = step.group.cache[_LRS_KEY] = _parameter_lrs(pl_module, step.optimizer, corrections)
+        with torch.no_grad():
+            for name, param in step.params.items():
+                param.sub_(step.select(corrections[name]).to(param.dtype), alpha=lrs[name])
+
+    def _corrections(self, step: GroupStep) -> StateDict:
+        """The group's corrections c - c_i, stacked ``[clients, *shape]`` once per group."""
+        return step.group.stacked(self.namespace, lambda ctx: ctx.extras[self.namespace].correction)
 
     @override
     def on_client_end(
@@ -239,11 +218,14 @@ class Scaffold(FedCallback, CrossProcessState):
 
 @dataclass
 class _ClientControl:
-    """A training client's control variate c_i, its correction c - c_i, and its parameters' learning rates."""
+    """A training client's control variate c_i and its correction c - c_i."""
 
     control: StateDict
     correction: StateDict
-    lrs: dict[str, float] | None = None
+
+
+# Where a group's parameter learning rates are kept (in its cache) for the after-step correction.
+_LRS_KEY = "scaffold/lrs"
 
 
 def _check_aggregator(aggregator: Any) -> None:

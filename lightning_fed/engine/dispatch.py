@@ -3,7 +3,8 @@ module, each only where it is overridden (as Lightning's ``_call_callback_hooks`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import Callback, LightningModule
@@ -76,6 +77,53 @@ class HookDispatcher:
         return results
 
 
+# The per-step hooks take one GroupStep, for a client alone as for a batched group.
+STEP_HOOKS = ("on_client_before_optimizer_step", "on_client_after_optimizer_step")
+# Hook names that no longer exist, with the hook that replaced them: an override would silently never run.
+_REMOVED_STEP_HOOKS = {
+    "on_group_before_optimizer_step": "on_client_before_optimizer_step",
+    "on_group_after_optimizer_step": "on_client_after_optimizer_step",
+}
+
+
+def check_step_hooks(callbacks: Iterable[Any]) -> None:
+    """Refuses callbacks written against the per-step hooks before they took one :class:`~lightning_fed.hooks.GroupStep`.
+
+    Such a callback would otherwise train without its hook (an ``on_group_*`` override is never called) or fail
+    at its first step with a bare missing-argument error.
+
+    Raises:
+        TypeError: Naming the callback, the hook and the signature to write instead.
+    """
+    for callback in callbacks:
+        name = type(callback).__name__
+        for removed, hook in _REMOVED_STEP_HOOKS.items():
+            if callable(getattr(callback, removed, None)):
+                raise TypeError(
+                    f"{name} overrides `{removed}`, which no longer exists: write the step once as"
+                    f" `{hook}(self, trainer, pl_module, step: GroupStep)`, where `step.params` / `step.grads` are"
+                    " stacked over the clients taking the step (a client training alone is a group of one)."
+                )
+        if not isinstance(callback, FedCallback):
+            continue
+        for hook in STEP_HOOKS:
+            if is_overridden(hook, callback, FedCallback) and _required_positional(getattr(callback, hook)) > 3:
+                raise TypeError(
+                    f"{name}.{hook} takes (trainer, pl_module, client_ctx, optimizer), the signature it had before"
+                    f" the per-step hooks were unified: write it as `{hook}(self, trainer, pl_module, step:"
+                    " GroupStep)`; the context is `step.contexts[i]`, the optimizer `step.optimizer`."
+                )
+
+
+def _required_positional(method: Callable[..., Any]) -> int:
+    """How many positional arguments a bound method needs (a ``*args`` catch-all accepts any number: 0)."""
+    parameters = inspect.signature(method).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return 0
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(1 for p in parameters if p.kind in positional and p.default is inspect.Parameter.empty)
+
+
 def _defines(callback: Callback, hook: str) -> bool:
     """Whether ``callback`` defines federated hook ``hook``: a :class:`FedCallback` that overrides it, or any other
     callback with a method of that name (plain Lightning callbacks may implement a federated hook without the base)."""
@@ -84,4 +132,4 @@ def _defines(callback: Callback, hook: str) -> bool:
     return callable(getattr(callback, hook, None))
 
 
-__all__ = ["HookDispatcher"]
+__all__ = ["STEP_HOOKS", "HookDispatcher", "check_step_hooks"]

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from lightning_fed.checks import check_choice
 from lightning_fed.context import ClientContext
-from lightning_fed.engine.dispatch import HookDispatcher
+from lightning_fed.engine.dispatch import HookDispatcher, check_step_hooks
 from lightning_fed.engine.log_buffer import LogBuffer, batch_size_of, buffered_logging
 from lightning_fed.engine.step_counter import StepCounter
 from lightning_fed.engine.training_step import (
@@ -24,6 +24,7 @@ from lightning_fed.engine.training_step import (
     clip_and_step,
     training_loss,
 )
+from lightning_fed.hooks import GroupStep
 from lightning_fed.parallel.distributed import rank_local_metrics
 
 if TYPE_CHECKING:
@@ -54,7 +55,9 @@ class LocalTrainer:
     * ``"central"``: training beside the federation on data that belongs to no client (the warm-up on shared data,
       the SGD twin). No hook runs at all, so no callback mistakes it for a client's steps.
 
-    In every mode ``ctx.num_steps`` counts the optimizer steps of a pass that has a client.
+    In every mode ``ctx.num_steps`` counts the optimizer steps of a pass that has a client. The per-step hooks see
+    the client as a group of one (:meth:`GroupStep.for_client <lightning_fed.hooks.GroupStep.for_client>`), built
+    only when some callback overrides one of them.
 
     Args:
         trainer: The federated trainer (its strategy gives device and precision; its ``accumulate_grad_batches``,
@@ -62,6 +65,9 @@ class LocalTrainer:
         module: The user's LightningModule.
         mode: ``"client"``, ``"plain"`` or ``"central"`` (above).
         steps: Counts the optimizer steps of ``"client"`` passes; ``None`` counts nothing.
+
+    Raises:
+        TypeError: If a callback overrides a per-step hook with its old signature (:func:`check_step_hooks`).
     """
 
     def __init__(
@@ -88,6 +94,10 @@ class LocalTrainer:
         self._loss_terms = self.hooks.overriding("client_loss") if self._federated else []
         self._grad_hooks = self.hooks.overriding("on_client_before_optimizer_step") if self._federated else []
         self._step_hooks = self.hooks.overriding("on_client_after_optimizer_step") if self._federated else []
+        if self._federated:
+            check_step_hooks(self.hooks.callbacks)
+        # The client seen as a group of one, while it trains with per-step hooks to call (else None).
+        self._client_step: GroupStep | None = None
 
     def fit(
         self,
@@ -120,10 +130,16 @@ class LocalTrainer:
         accumulate = accumulation_of(self.trainer)
         # Looked up once per pass: the strategy's precision plugin does not change within a fit.
         self._scaler = getattr(self.trainer.strategy.precision_plugin, "scaler", None)
-        with buffered_logging(module, self.buffer):
-            for batch_idx, batch, boundary in client_batches(dataloader, epochs, steps, accumulate):
-                if self._step(ctx, batch, batch_idx, optimizer, accumulate, boundary) == -1:
-                    break
+        # Built once per client and only for per-step hooks: FedAvg's steps pay nothing for the view.
+        if ctx is not None and (self._grad_hooks or self._step_hooks):
+            self._client_step = GroupStep.for_client(module, ctx, optimizer)
+        try:
+            with buffered_logging(module, self.buffer):
+                for batch_idx, batch, boundary in client_batches(dataloader, epochs, steps, accumulate):
+                    if self._step(ctx, batch, batch_idx, optimizer, accumulate, boundary) == -1:
+                        break
+        finally:
+            self._client_step = None
         with rank_local_metrics(module):
             return self.buffer.compute()
 
@@ -172,14 +188,15 @@ class LocalTrainer:
         trainer, module, scaler = self.trainer, self.module, self._scaler
         if scaler is not None:
             scaler.unscale_(optimizer)
-        if self._federated and ctx is not None:
+        step = self._client_step
+        if step is not None:
             for callback in self._grad_hooks:
-                callback.on_client_before_optimizer_step(trainer, module, ctx, optimizer)
+                callback.on_client_before_optimizer_step(trainer, module, step)
         self._call("on_before_optimizer_step", optimizer)
         clip_and_step(trainer, module, optimizer, scaler)
-        if self._federated and ctx is not None:
+        if step is not None:
             for callback in self._step_hooks:
-                callback.on_client_after_optimizer_step(trainer, module, ctx, optimizer)
+                callback.on_client_after_optimizer_step(trainer, module, step)
         self._call("on_before_zero_grad", optimizer)
         optimizer.zero_grad(set_to_none=True)
         if ctx is not None:

@@ -18,6 +18,7 @@ from lightning_fed.callbacks import FedAMP, HeurFedAMP
 from lightning_fed.engine.evaluation import evaluate
 from lightning_fed.engine.log_buffer import LogBuffer, buffered_logging
 from lightning_fed.functional.state_dict import state_nbytes
+from lightning_fed.hooks import GroupStep
 
 
 class _Scalar(nn.Module):
@@ -81,7 +82,7 @@ def _grads_after_hook(callback, module, ctx, x, y):
     module.zero_grad()
     F.cross_entropy(module(x), y).backward()
     with buffered_logging(module, LogBuffer()):
-        callback.on_client_before_optimizer_step(None, module, ctx, None)
+        callback.on_client_before_optimizer_step(None, module, GroupStep.for_client(module, ctx, None))
     return {n: p.grad.clone() for n, p in module.named_parameters()}
 
 

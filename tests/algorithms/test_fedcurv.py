@@ -18,6 +18,7 @@ from lightning_fed.functional.fedcurv import (
     fedcurv_penalty,
     updated_sums,
 )
+from lightning_fed.hooks import GroupStep
 
 
 def _random_stats(seed: int, shapes: dict[str, tuple[int, ...]]):
@@ -178,7 +179,8 @@ class _Spy(FedCallback):
             (ctx.round_idx, ctx.client_id, None if sums is None else {n: t.clone() for n, t in sums["u"].items()})
         )
 
-    def on_client_before_optimizer_step(self, trainer, pl_module, ctx, optimizer):
+    def on_client_before_optimizer_step(self, trainer, pl_module, step):
+        (ctx,) = step.contexts
         if ctx.num_steps == 0:
             self.seen[-1] += (self.fedcurv.is_active(ctx), ctx.extras.get("fedcurv"))
 
@@ -268,7 +270,7 @@ def test_injected_gradient_equals_autograd_of_the_documented_local_loss():
     module.zero_grad()
     F.cross_entropy(module(x), y).backward()
     with buffered_logging(module, LogBuffer()):
-        fedcurv.on_client_before_optimizer_step(None, module, ctx, None)
+        fedcurv.on_client_before_optimizer_step(None, module, GroupStep.for_client(module, ctx, None))
     injected = {n: p.grad.clone() for n, p in module.named_parameters()}
     module.zero_grad()
     params = dict(module.named_parameters())

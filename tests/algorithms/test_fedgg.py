@@ -86,7 +86,8 @@ class _Recorder(FedCallback):
     def on_round_start(self, trainer, pl_module, round_ctx):
         self.first = round_ctx.client_ids[0]
 
-    def on_client_before_optimizer_step(self, trainer, pl_module, ctx, optimizer):
+    def on_client_before_optimizer_step(self, trainer, pl_module, step):
+        (ctx,) = step.contexts
         if ctx.round_idx != 1 or ctx.client_id != self.first:
             return
         entry = {n: (p.detach().clone(), p.grad.clone()) for n, p in pl_module.named_parameters()}

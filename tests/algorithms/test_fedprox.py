@@ -9,6 +9,7 @@ from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_
 from lightning_fed import ClientContext, ClientStateStore, FedCallback
 from lightning_fed.callbacks import FedProx
 from lightning_fed.engine.log_buffer import LogBuffer, buffered_logging
+from lightning_fed.hooks import GroupStep
 
 
 def _perturbed(seed: int = 0, batch_norm: bool = True):
@@ -26,7 +27,7 @@ def _grads_after_hook(callback, module, ctx, x, y) -> dict[str, torch.Tensor]:
     module.zero_grad()
     F.cross_entropy(module(x), y).backward()
     with buffered_logging(module, LogBuffer()):
-        callback.on_client_before_optimizer_step(None, module, ctx, None)
+        callback.on_client_before_optimizer_step(None, module, GroupStep.for_client(module, ctx, None))
     return {n: p.grad.clone() for n, p in module.named_parameters()}
 
 
@@ -113,7 +114,8 @@ class _FirstStepSpy(FedCallback):
         self.prox = prox
         self.norms: list[tuple[int, int, float]] = []
 
-    def on_client_before_optimizer_step(self, trainer, pl_module, client_ctx, optimizer):
+    def on_client_before_optimizer_step(self, trainer, pl_module, step):
+        (client_ctx,) = step.contexts
         params = {n: p for n, p in pl_module.named_parameters() if p.requires_grad}
         grads = self.prox.gradient(params, client_ctx)
         total = float(sum(g.abs().sum() for g in grads.values()))

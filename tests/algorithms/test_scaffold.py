@@ -27,7 +27,7 @@ class Before(FedCallback):
         client = stored if stored is not None else {n: torch.zeros_like(c) for n, c in server.items()}
         self.current = dict(cid=ctx.client_id, x=global_weights(pl_module), c=server, c_i=client, grad=None)
 
-    def on_client_before_optimizer_step(self, trainer, pl_module, ctx, optimizer):
+    def on_client_before_optimizer_step(self, trainer, pl_module, step):
         if self.current["grad"] is None:
             self.current["grad"] = {n: p.grad.clone() for n, p in pl_module.named_parameters()}
 

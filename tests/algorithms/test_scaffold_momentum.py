@@ -18,6 +18,7 @@ from lightning_fed.aggregators import FedAvg
 from lightning_fed.callbacks import Scaffold
 from lightning_fed.callbacks.scaffold import _ClientControl, is_plain_sgd
 from lightning_fed.datamodules import DatasetFederated, ShardPartitioner, TensorClassificationDataset
+from lightning_fed.hooks import GroupStep
 
 TARGETS = torch.tensor([[4.0, 0.0], [0.0, 3.0], [-2.0, -1.0], [1.0, -4.0]])
 CURVATURES = torch.tensor([1.0, 2.0, 0.5, 1.5])
@@ -138,7 +139,7 @@ def test_after_step_correction_is_minus_lr_times_c_minus_c_i(tmp_path):
     for param, opt in ((module.w, optimizer), (reference, reference_opt)):
         param.grad = torch.tensor([1.0, 1.0])
         opt.step()
-    scaffold.on_client_after_optimizer_step(None, module, ctx, optimizer)
+    scaffold.on_client_after_optimizer_step(None, module, GroupStep.for_client(module, ctx, optimizer))
     torch.testing.assert_close(module.w.detach(), reference.detach() - 0.1 * torch.tensor([0.5, -2.0]), rtol=0, atol=0)
     # The optimizer's state saw the raw gradient only.
     torch.testing.assert_close(optimizer.state[module.w]["exp_avg"], reference_opt.state[reference]["exp_avg"])

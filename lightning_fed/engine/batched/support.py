@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
 
+from lightning_fed.engine.dispatch import STEP_HOOKS
 from lightning_fed.engine.log_buffer import routed_logging
 from lightning_fed.engine.seeding import derive_seed
 from lightning_fed.engine.training_step import _BATCH_HOOKS, _TRANSFER_HOOKS, accumulation_of, isolated_pass, loss_of
@@ -29,11 +30,7 @@ CPU_GROUP_BYTES = 16 * 2**20
 GPU_MEMORY_SHARE = 0.25
 GPU_COPIES_PER_CLIENT = 8
 GPU_MAX_GROUP = 1024
-_PER_CLIENT_HOOKS = ("on_client_start", "on_client_train_start", "client_loss", "on_client_end")
-_STEP_HOOKS = {
-    "on_client_before_optimizer_step": "on_group_before_optimizer_step",
-    "on_client_after_optimizer_step": "on_group_after_optimizer_step",
-}
+_PER_CLIENT_HOOKS = ("on_client_start", "on_client_train_start", "client_loss", "on_client_end", *STEP_HOOKS)
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 _CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
@@ -76,7 +73,7 @@ class GroupLogBuffer:
             self._add(members, name, value * weight, weight)
 
     def add_one(self, member: int, name: str, value: Any, weight: float) -> None:
-        """Adds a value that one client logged (a penalty's, from a group hook)."""
+        """Adds a value that one client logged (a penalty's, from a per-step hook)."""
         tensor = value.detach().float().mean() if isinstance(value, Tensor) else torch.tensor(float(value))
         self._add([member], name, (tensor * weight).reshape(1).to(self.device), weight)
 
@@ -170,14 +167,11 @@ def _callback_reason(trainer: FederatedTrainer) -> str | None:
     for callback in trainer.callbacks:
         name = type(callback).__name__
         if isinstance(callback, FedCallback):
-            hooks = [h for h in (*_PER_CLIENT_HOOKS, *_STEP_HOOKS) if is_overridden(h, callback, FedCallback)]
+            hooks = [h for h in _PER_CLIENT_HOOKS if is_overridden(h, callback, FedCallback)]
             if hooks and not callback.supports_batched_clients:
                 return f"callback {name} has no batched form (it overrides `{hooks[0]}`)"
             if "client_loss" in hooks:
                 return f"callback {name} adds a `client_loss` term, which has no batched form"
-            for single, grouped in _STEP_HOOKS.items():
-                if single in hooks and not is_overridden(grouped, callback, FedCallback):
-                    return f"callback {name} overrides `{single}` but not `{grouped}`"
         for hook in _BATCH_HOOKS:
             if is_overridden(hook, callback, Callback) and not _idle_checkpoint_hook(callback, hook):
                 return f"callback {name} overrides `{hook}`, which expects one client's model"

@@ -64,8 +64,8 @@ class ClientGroups:
         self.size: int | None = None
         callbacks = [cb for cb in trainer.callbacks if isinstance(cb, FedCallback)]
         self.needs_live_model = any(is_overridden("on_client_end", cb, FedCallback) for cb in callbacks)
-        self._before = [cb for cb in callbacks if is_overridden("on_group_before_optimizer_step", cb, FedCallback)]
-        self._after = [cb for cb in callbacks if is_overridden("on_group_after_optimizer_step", cb, FedCallback)]
+        self._before = [cb for cb in callbacks if is_overridden("on_client_before_optimizer_step", cb, FedCallback)]
+        self._after = [cb for cb in callbacks if is_overridden("on_client_after_optimizer_step", cb, FedCallback)]
         self._step_module = TrainingStep(module)
 
     def groups(self, client_ids: Sequence[int]) -> list[list[int]]:
@@ -137,7 +137,7 @@ class _GroupRun:
         contexts = group.contexts
         names = list(contexts[0].initial_params)
         self.stacked: StateDict = {n: torch.stack([ctx.initial_params[n].detach() for ctx in contexts]) for n in names}
-        optimizer = trainer.optimizers[0]
+        self.optimizer = optimizer = trainer.optimizers[0]
         param_names = {id(p): n for n, p in module.named_parameters() if p.requires_grad}
         self.trainable = [n for n, p in module.named_parameters() if p.requires_grad]
         for name in self.trainable:
@@ -172,10 +172,10 @@ class _GroupRun:
         def log(position: int, name: str, value: Any) -> None:
             self.logs.add_one(members[position], name, value, client_size)
 
-        step = GroupStep(self.group, members, trainable, grads, log)
+        step = GroupStep(self.group, members, trainable, grads, log, self.optimizer)
         trainer, module = self.owner.trainer, self.owner.module
         for callback in self.owner._before:
-            callback.on_group_before_optimizer_step(trainer, module, step)
+            callback.on_client_before_optimizer_step(trainer, module, step)
         num_steps = self.group.contexts[members[0]].num_steps
         with torch.no_grad():
             for hp, group_names in self.param_groups:
@@ -186,7 +186,7 @@ class _GroupRun:
                 if index is not None:
                     self._scatter_state(group_names, states, index)
             for callback in self.owner._after:
-                callback.on_group_after_optimizer_step(trainer, module, step)
+                callback.on_client_after_optimizer_step(trainer, module, step)
             if index is not None:
                 for name, value in params.items():
                     self.stacked[name].index_copy_(0, index, value.detach())
