@@ -17,7 +17,7 @@ from lightning_fed.functional.state_dict import StateDict, is_float_entry
 from lightning_fed.parallel.reduction import CrossProcessState
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 class Aggregator(CrossProcessState, ABC):
@@ -86,13 +86,13 @@ class Aggregator(CrossProcessState, ABC):
             if callable(method) and not abstract and not getattr(method, _WRAPPED, False):
                 setattr(cls, name, wrap(method))
 
-    def setup(self, trainer: FederatedTrainer) -> None:
+    def setup(self, trainer: FederatedTrainerView) -> None:
         """Called once per process when the rounds of a fit start, after any checkpoint is restored and the run seed
         is fixed (``trainer.federation_state.seed``): reads the settings the aggregator needs (the sampler, the
         number of clients, the module). Settings it cannot run with are refused earlier, in :meth:`check_setup`.
         The default does nothing."""
 
-    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+    def check_setup(self, trainer: FederatedTrainerView, datamodule: Any) -> None:
         """Raises when the trainer's settings (``clients_per_round``, ...) or the datamodule (set up) cannot run this
         rule. Called when a fit's rounds start, and by ``lightning-fed`` before the run writes anything; the default
         accepts all.
@@ -106,7 +106,7 @@ class Aggregator(CrossProcessState, ABC):
         """Starts a round. ``round_ctx.num_samples`` gives every sampled client's training-set size."""
 
     def probe_client(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
     ) -> dict[str, Any]:
         """Measures what the aggregator needs from a client besides its model (e.g. q-FedAvg's loss at w_g).
 

@@ -433,6 +433,14 @@ class FederatedTrainerView(Protocol):
 
     def print(self, *args: Any, **kwargs: Any) -> None: ...
 
+    def resolve_seed(self) -> int:
+        """The run seed (the checkpoint's when resuming), also before the rounds start."""
+        ...
+
+    def publish_figure(self, figure: Any, relative_path: str, key: str, caption: str | None = None) -> Path:
+        """Saves ``figure`` under the run directory and logs it to every W&B logger (call it on rank 0)."""
+        ...
+
     def train_locally(
         self,
         client_id: int,

@@ -20,9 +20,10 @@ from lightning_fed.engine.sampling import UniformClientSampler
 from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.parallel import distributed
 from lightning_fed.parallel.distributed import check_world_size
+from lightning_fed.run.checkpoint_state import federated_checkpoint, restore_federated_checkpoint
 from lightning_fed.run.fingerprint import Fingerprint, experiment_fingerprint
 from lightning_fed.run.identity import new_run_dir, open_run
-from lightning_fed.run.reporting import RunReporter, resolve_run_dir
+from lightning_fed.run.reporting import RunReporter, publish_figure, resolve_run_dir
 from lightning_fed.run.resume import (
     evaluation_checkpoint,
     resolve_ckpt_path,
@@ -301,6 +302,19 @@ class FederatedTrainer(Trainer):
         if runner is None:
             raise RuntimeError("`train_locally` trains a client of a running fit: call it from a federated hook.")
         return runner.train_locally(client_id, round_idx, start_params, epochs, steps, purpose)
+
+    def publish_figure(self, figure: Any, relative_path: str, key: str, caption: str | None = None) -> Path:
+        """Saves ``figure`` as ``<run dir>/<relative_path>`` (atomically) and logs it to every W&B logger under
+        ``key``; call it on global rank zero only, like any other write to the run directory."""
+        return publish_figure(self, figure, relative_path, key, caption)
+
+    def federated_checkpoint(self) -> dict[str, Any]:
+        """Everything federated that a checkpoint holds (:mod:`lightning_fed.run.checkpoint_state`)."""
+        return federated_checkpoint(self)
+
+    def restore_federated_checkpoint(self, state_dict: dict[str, Any]) -> None:
+        """Restores what :meth:`federated_checkpoint` saved; a checkpoint of another configuration is refused."""
+        restore_federated_checkpoint(self, state_dict)
 
     def start_federation(self) -> None:
         """Prepares the rounds of a fit; the round loop calls it before its first round in this process.

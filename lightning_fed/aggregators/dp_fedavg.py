@@ -17,7 +17,7 @@ from lightning_fed.functional.dp import clip_update, gaussian_noise, next_clip_n
 from lightning_fed.functional.state_dict import StateDict
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 EPSILON_KEY = "privacy/epsilon"
 CLIPPED_KEY = "privacy/clipped_fraction"
@@ -136,7 +136,7 @@ class DPFedAvg(Aggregator):
         self._epsilon: float | None = None
 
     @override
-    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+    def check_setup(self, trainer: FederatedTrainerView, datamodule: Any) -> None:
         """Refuses, when privacy is accounted, a sampler or callbacks that the accounting does not cover."""
         from lightning_fed.engine.sampling import UniformClientSampler
 
@@ -161,7 +161,7 @@ class DPFedAvg(Aggregator):
                 )
 
     @override
-    def setup(self, trainer: FederatedTrainer) -> None:
+    def setup(self, trainer: FederatedTrainerView) -> None:
         """Reads the run seed, the federation's size, the sample size and the module's parameter names."""
         num_clients = trainer.datamodule.num_clients
         self.configure(

@@ -16,7 +16,7 @@ from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.functional.state_dict import StateDict
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 CLIPPED_KEY = "normbound/clipped_fraction"
 
@@ -62,7 +62,7 @@ class NormBound(Aggregator):
         self._accepted = 0
 
     @override
-    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+    def check_setup(self, trainer: FederatedTrainerView, datamodule: Any) -> None:
         self.aggregator.check_setup(trainer, datamodule)
 
     @override
@@ -78,7 +78,7 @@ class NormBound(Aggregator):
 
     @override
     def probe_client(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
     ) -> dict[str, Any]:
         return self.aggregator.probe_client(trainer, pl_module, client_ctx, dataloader)
 

@@ -17,7 +17,7 @@ from lightning_fed.functional.qfedavg import EPSILON, apply_step, client_terms
 from lightning_fed.functional.state_dict import StateDict
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 LOSS_KEY = "qfedavg/loss_at_global"
 LIPSCHITZ_KEY = "qfedavg/lipschitz"
@@ -94,7 +94,7 @@ class QFedAvg(Aggregator):
 
     @override
     def probe_client(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
     ) -> dict[str, Any]:
         r"""Measures :math:`F_k` at the client's start point and reads :math:`L = 1/\eta` from the optimizer."""
         self._norm_names = {name for name, p in pl_module.named_parameters() if p.requires_grad}
@@ -150,7 +150,7 @@ class QFedAvg(Aggregator):
         return f"{type(self).__name__}(q={self.q}, lipschitz={self.lipschitz})"
 
 
-def mean_training_loss(trainer: FederatedTrainer, module: LightningModule, dataloader: Any) -> float:
+def mean_training_loss(trainer: FederatedTrainerView, module: LightningModule, dataloader: Any) -> float:
     """Sample-weighted mean of ``training_step``'s loss over ``dataloader``, in eval mode, with logs discarded."""
     # Imported here: local_training imports the callbacks package, which imports the aggregators.
     from lightning_fed.engine.training_step import training_loss

@@ -17,7 +17,7 @@ from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.parallel import distributed
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 SKIPPED_KEY = "robust/skipped"
 
@@ -100,7 +100,7 @@ class RobustAggregator(Aggregator):
         """
 
     @override
-    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+    def check_setup(self, trainer: FederatedTrainerView, datamodule: Any) -> None:
         clients_per_round = trainer.sampler.clients_per_round
         num_sampled = trainer.sampler.num_sampled(datamodule.num_clients)
         minimum = self.minimum_clients(num_sampled)

@@ -19,7 +19,7 @@ from lightning_fed.hooks import FedCallback
 from lightning_fed.parallel import distributed
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 ATTACKS = ("label_flip", "sign_flip", "scale", "gaussian", "alie")
 
@@ -102,7 +102,7 @@ class MaliciousClients(FedCallback):
         self._sampled: list[int] = []
         self._held: set[int] = set()
 
-    def malicious_clients(self, trainer: FederatedTrainer) -> list[int]:
+    def malicious_clients(self, trainer: FederatedTrainerView) -> list[int]:
         """The run's malicious client ids, sorted (drawn from the run seed on first use)."""
         key = (trainer.federation_state.seed, trainer.datamodule.num_clients)
         if key != self._chosen_for:
@@ -111,7 +111,7 @@ class MaliciousClients(FedCallback):
         return sorted(self._malicious)
 
     @override
-    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+    def check_setup(self, trainer: FederatedTrainerView, datamodule: Any) -> None:
         self._label_classes(datamodule)
 
     def _label_classes(self, datamodule: Any) -> int:
@@ -125,19 +125,23 @@ class MaliciousClients(FedCallback):
         return int(num_classes)
 
     @override
-    def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
+    def on_round_start(
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, round_ctx: RoundContext
+    ) -> None:
         self.malicious_clients(trainer)
         self._sampled = [cid for cid in round_ctx.client_ids if cid in self._malicious]
         self._held = set()
 
     @override
-    def on_client_start(self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext) -> None:
+    def on_client_start(
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext
+    ) -> None:
         if self.attack == "label_flip" and client_ctx.client_id in self._malicious:
             client_ctx.batch_transforms.append(LabelFlip(self._label_classes(trainer.datamodule)))
 
     @override
     def on_client_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
     ) -> None:
         if self.attack != "label_flip" and update.client_id in self._malicious:
             update.held = True
@@ -145,7 +149,11 @@ class MaliciousClients(FedCallback):
 
     @override
     def on_clients_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, held: list[ClientUpdate]
+        self,
+        trainer: FederatedTrainerView,
+        pl_module: LightningModule,
+        round_ctx: RoundContext,
+        held: list[ClientUpdate],
     ) -> None:
         if self.attack == "label_flip":
             return
@@ -163,7 +171,7 @@ class MaliciousClients(FedCallback):
                 update.params[name] = base + delta.to(device=base.device, dtype=base.dtype)
 
     def _attack_one(
-        self, trainer: FederatedTrainer, round_ctx: RoundContext, client_id: int, delta: StateDict
+        self, trainer: FederatedTrainerView, round_ctx: RoundContext, client_id: int, delta: StateDict
     ) -> StateDict:
         if self.attack == "sign_flip":
             return sign_flip(delta, 1.0 if self.scale is None else self.scale)
@@ -190,12 +198,16 @@ class MaliciousClients(FedCallback):
 
     @override
     def on_round_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
+        self,
+        trainer: FederatedTrainerView,
+        pl_module: LightningModule,
+        round_ctx: RoundContext,
+        metrics: dict[str, float],
     ) -> None:
         metrics["attack/malicious_sampled"] = float(len(self._sampled))
 
     @override
-    def summary_entries(self, trainer: FederatedTrainer) -> dict[str, Any]:
+    def summary_entries(self, trainer: FederatedTrainerView) -> dict[str, Any]:
         settings = {"scale": self.scale, "noise_std": self.noise_std, "z": self.z, "num_classes": self.num_classes}
         return {
             "attack": {

@@ -19,7 +19,7 @@ from lightning_fed.functional.state_dict import StateDict, copy_state_
 from lightning_fed.hooks import GroupStep
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 _EVALUATE_WITH = ("local", "global")
 
@@ -111,7 +111,7 @@ class APFL(PersonalizedCallback):
 
     @override
     def on_client_train_start(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
     ) -> None:
         params, buffers = self._live_params, self._live_buffers = _live_split(pl_module)
         entry = client_ctx.store.get(self.namespace, client_ctx.client_id)
@@ -129,7 +129,7 @@ class APFL(PersonalizedCallback):
     @override
     def client_loss(
         self,
-        trainer: FederatedTrainer,
+        trainer: FederatedTrainerView,
         pl_module: LightningModule,
         client_ctx: ClientContext,
         batch: Any,
@@ -141,7 +141,7 @@ class APFL(PersonalizedCallback):
 
     @override
     def on_client_before_optimizer_step(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, step: GroupStep
     ) -> None:
         (client_ctx,) = step.contexts  # one client at a time (supports_batched_clients is off)
         batches, self._batches = self._batches, []
@@ -172,7 +172,7 @@ class APFL(PersonalizedCallback):
 
     def _gradient_at_mixture(
         self,
-        trainer: FederatedTrainer,
+        trainer: FederatedTrainerView,
         pl_module: LightningModule,
         client_ctx: ClientContext,
         batches: list[tuple[Any, int]],
@@ -187,7 +187,7 @@ class APFL(PersonalizedCallback):
 
     @override
     def on_client_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
     ) -> None:
         if self._alpha is None:
             return
@@ -200,7 +200,7 @@ class APFL(PersonalizedCallback):
 
     @override
     def evaluation_params(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext
     ) -> StateDict | None:
         """:math:`\\bar v_i`, mixed with the client's last local or the current global model."""
         entry = client_ctx.store.get(self.namespace, client_ctx.client_id)
@@ -213,7 +213,7 @@ class APFL(PersonalizedCallback):
         mixed = mix(personal, {name: base[name].to(device) for name in personal}, entry["alpha"].to(device))
         return {**reference, **mixed, **{name: t.to(device) for name, t in entry["buffers"].items()}}
 
-    def mixing_weight(self, trainer: FederatedTrainer, client_id: int) -> float | None:
+    def mixing_weight(self, trainer: FederatedTrainerView, client_id: int) -> float | None:
         """Client ``client_id``'s current :math:`α_i`, or ``None`` before it has trained."""
         entry = trainer.federation_state.store.get(self.namespace, client_id)
         return None if entry is None else float(entry["alpha"])

@@ -17,7 +17,7 @@ from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.hooks import FedCallback
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 @runtime_checkable
@@ -96,7 +96,9 @@ class FeatureLossTerm(FedCallback, ABC):
             ) from None
 
     @override
-    def on_client_start(self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext) -> None:
+    def on_client_start(
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext
+    ) -> None:
         self._release()
         if self.feature_layer is None:
             if not isinstance(pl_module, FeatureMixin):
@@ -110,7 +112,7 @@ class FeatureLossTerm(FedCallback, ABC):
     @override
     def client_loss(
         self,
-        trainer: FederatedTrainer,
+        trainer: FederatedTrainerView,
         pl_module: LightningModule,
         client_ctx: ClientContext,
         batch: Any,
@@ -129,13 +131,13 @@ class FeatureLossTerm(FedCallback, ABC):
 
     @override
     def on_client_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
     ) -> None:
         self._release()
 
     @override
     def on_aggregate(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
     ) -> None:
         self._release()
 

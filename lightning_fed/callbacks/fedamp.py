@@ -19,7 +19,7 @@ from lightning_fed.functional.fedamp import fedamp_weights, pairwise_squared_dis
 from lightning_fed.functional.state_dict import StateDict
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 _START_FROM = ("cloud", "local")
 _EVALUATE = ("local", "cloud")
@@ -137,7 +137,7 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
         return self.initial_params
 
     def _cloud_models(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, store: ClientStateStore, rows: list[int]
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, store: ClientStateStore, rows: list[int]
     ) -> tuple[Tensor, list[StateDict]]:
         """ξ over every registered client's model, and :math:`u_i` for the clients ``rows``."""
         states = [self.client_model(store, cid) for cid in range(trainer.datamodule.num_clients)]
@@ -147,7 +147,9 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
         return xi, personalized_cloud_models(xi, states, rows)
 
     @override
-    def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
+    def on_round_start(
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, round_ctx: RoundContext
+    ) -> None:
         if round_ctx.round_idx == 0:
             # Every client's w_0 is the initial global model; it is kept because the aggregate moves on.
             self.initial_params = {name: t.detach().to("cpu", copy=True) for name, t in round_ctx.global_params.items()}
@@ -155,7 +157,9 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
         self._clouds = dict(zip(round_ctx.client_ids, clouds))
 
     @override
-    def on_client_start(self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext) -> None:
+    def on_client_start(
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext
+    ) -> None:
         cloud = self._clouds[client_ctx.client_id]
         start = cloud if self.start_from == "cloud" else self.client_model(client_ctx.store, client_ctx.client_id)
         client_ctx.initial_params = start
@@ -181,14 +185,14 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
 
     @override
     def on_client_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
     ) -> None:
         self.save_personal(client_ctx.store, client_ctx.client_id, update.params)
         self._clouds.pop(client_ctx.client_id, None)
 
     @override
     def evaluation_params(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext
     ) -> StateDict | None:
         if self.initial_params is None:
             return None
@@ -202,7 +206,11 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
 
     @override
     def on_round_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
+        self,
+        trainer: FederatedTrainerView,
+        pl_module: LightningModule,
+        round_ctx: RoundContext,
+        metrics: dict[str, float],
     ) -> None:
         self._clouds, self._evaluation_clouds = {}, None
         if self.xi is None:
@@ -212,15 +220,13 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
         if is_due(round_number, self.heatmap_every_n_rounds, trainer.num_rounds):
             self._log_heatmap(trainer, round_number)
 
-    def _log_heatmap(self, trainer: FederatedTrainer, round_number: int) -> None:
+    def _log_heatmap(self, trainer: FederatedTrainerView, round_number: int) -> None:
         if not trainer.is_global_zero or trainer.fed_run_dir is None or self.xi is None:
             return
         from lightning_fed.plots import plot_xi_heatmap
-        from lightning_fed.run.reporting import publish_figure
 
         title = f"{type(self).__name__} collaboration weights, round {round_number}"
-        publish_figure(
-            trainer,
+        trainer.publish_figure(
             plot_xi_heatmap(self.xi, title=title),
             f"xi/round_{round_number:04d}.png",
             f"{self.namespace_name}/xi",

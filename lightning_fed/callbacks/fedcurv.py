@@ -33,7 +33,7 @@ from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.parallel.reduction import CrossProcessState
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 _FISHERS = ("empirical", "per_sample")
 
@@ -136,7 +136,9 @@ class FedCurv(ParameterPenalty, CrossProcessState):
         self._loaders: dict[int, Any] = {}
 
     @override
-    def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
+    def on_round_start(
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, round_ctx: RoundContext
+    ) -> None:
         self._round_ctx = round_ctx
         self._loaders = {}
         trainable = [(n, p) for n, p in pl_module.named_parameters() if p.requires_grad]
@@ -146,7 +148,7 @@ class FedCurv(ParameterPenalty, CrossProcessState):
 
     @override
     def on_client_train_start(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
     ) -> None:
         self._loaders[client_ctx.client_id] = dataloader
         if self.sums is None:
@@ -172,7 +174,7 @@ class FedCurv(ParameterPenalty, CrossProcessState):
 
     @override
     def on_client_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
     ) -> None:
         loader = self._loaders.pop(client_ctx.client_id, None)
         if loader is None:
@@ -197,14 +199,16 @@ class FedCurv(ParameterPenalty, CrossProcessState):
 
     @override
     def on_aggregate(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
     ) -> None:
         # The round's clients all trained against the sums of the round start; only now do their statistics enter
         # (the engine has reduced the declared round state over ranks before this hook).
         if self._num_changes:
             self.sums = updated_sums(self.sums, self._change)
 
-    def compute_fisher(self, trainer: FederatedTrainer | None, pl_module: LightningModule, loader: Any) -> StateDict:
+    def compute_fisher(
+        self, trainer: FederatedTrainerView | None, pl_module: LightningModule, loader: Any
+    ) -> StateDict:
         """The diagonal Fisher of the module's current weights over ``loader``, in eval mode (see class docs)."""
         params = {n: p for n, p in pl_module.named_parameters() if p.requires_grad}
         was_training = pl_module.training
@@ -228,7 +232,7 @@ class FedCurv(ParameterPenalty, CrossProcessState):
             pl_module.__dict__.update(outer)
 
     @staticmethod
-    def _batches(trainer: FederatedTrainer | None, loader: Any) -> Iterator[Any]:
+    def _batches(trainer: FederatedTrainerView | None, loader: Any) -> Iterator[Any]:
         if trainer is None or trainer.strategy.root_device.type == "cpu":
             yield from loader
             return

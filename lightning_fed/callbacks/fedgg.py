@@ -16,7 +16,7 @@ from lightning_fed.functional.fedgg import adaptive_weight, cosine_loss, cosine_
 from lightning_fed.hooks import GroupStep
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 def _trainable(pl_module: LightningModule) -> dict[str, Tensor]:
@@ -114,7 +114,9 @@ class FedGG(ParameterPenalty):
             self._g, self._previous_global, self._previous_clients = None, None, []
 
     @override
-    def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
+    def on_round_start(
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, round_ctx: RoundContext
+    ) -> None:
         current = {name: round_ctx.global_params[name].detach().clone() for name in _trainable(pl_module)}
         previous = self._previous_global
         self._g = None
@@ -130,7 +132,7 @@ class FedGG(ParameterPenalty):
 
     @override
     def on_client_train_start(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
     ) -> None:
         self._weight = 0.0
         if self._previous_global is not None and self._g is not None:
@@ -151,7 +153,7 @@ class FedGG(ParameterPenalty):
 
     @override
     def on_client_before_optimizer_step(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, step: GroupStep
     ) -> None:
         (client_ctx,) = step.contexts  # one client at a time (supports_batched_clients is off)
         if not self.is_active(client_ctx):

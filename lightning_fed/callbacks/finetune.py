@@ -14,7 +14,7 @@ from lightning_fed.engine.schedule import is_due
 from lightning_fed.functional.state_dict import StateDict
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 class FineTune(PersonalizedCallback):
@@ -56,7 +56,7 @@ class FineTune(PersonalizedCallback):
         self.every_n_rounds = check_int("every_n_rounds", every_n_rounds, minimum=1, allow_none=True)
 
     @override
-    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+    def check_setup(self, trainer: FederatedTrainerView, datamodule: Any) -> None:
         if trainer.client_eval == "none":
             raise InvalidArgumentError(
                 "trainer.client_eval", "none", "'all' or 'sampled' with FineTune, which evaluates on the clients' tests"
@@ -70,14 +70,14 @@ class FineTune(PersonalizedCallback):
                 "'none': set `client_eval` to 'all' (or 'sampled')."
             )
 
-    def is_finetune_round(self, trainer: FederatedTrainer, round_idx: int) -> bool:
+    def is_finetune_round(self, trainer: FederatedTrainerView, round_idx: int) -> bool:
         """Whether the clients evaluated after round ``round_idx`` (0-based) are fine-tuned first."""
         # Without a period, the run's length is the period: only the last round is due.
         return is_due(round_idx + 1, self.every_n_rounds or trainer.num_rounds, trainer.num_rounds)
 
     @override
     def evaluation_params(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext
     ) -> StateDict | None:
         """The global model fine-tuned on the client's data, on fine-tuning rounds; else ``None`` (global model)."""
         if not self.is_finetune_round(trainer, client_ctx.round_idx):

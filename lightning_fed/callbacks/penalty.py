@@ -15,7 +15,7 @@ from lightning_fed.context import ClientContext
 from lightning_fed.hooks import FedCallback, GroupStep
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 class ParameterPenalty(FedCallback, ABC):
@@ -84,7 +84,7 @@ class ParameterPenalty(FedCallback, ABC):
 
     @override
     def on_client_before_optimizer_step(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, step: GroupStep
     ) -> None:
         contexts = step.contexts
         active = [self.is_active(ctx) for ctx in contexts]

@@ -14,7 +14,7 @@ from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.hooks import FedCallback
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 class PersonalizedCallback(FedCallback):
@@ -44,14 +44,14 @@ class PersonalizedCallback(FedCallback):
         return None if entry is None else entry["params"]
 
     def evaluation_params(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext
     ) -> StateDict | None:
         """The model to evaluate ``client_ctx.client_id`` with; ``None`` keeps the global model."""
         return self.personal_params(client_ctx.store, client_ctx.client_id)
 
     @override
     def on_client_evaluate_start(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext
     ) -> None:
         params = self.evaluation_params(trainer, pl_module, client_ctx)
         if params is not None:

@@ -24,7 +24,7 @@ from lightning_fed.functional.mmd import (
 from lightning_fed.functional.state_dict import state_nbytes
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 NAMESPACE = "rfedavg"
 
@@ -117,7 +117,7 @@ class RFedAvg(FeatureLossTerm):
         self._round_ctx: RoundContext | None = None
 
     @override
-    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+    def check_setup(self, trainer: FederatedTrainerView, datamodule: Any) -> None:
         num_clients = datamodule.num_clients
         count = trainer.sampler.num_sampled(num_clients) if self.population == "sampled" else num_clients
         if count < 2:
@@ -129,7 +129,9 @@ class RFedAvg(FeatureLossTerm):
             )
 
     @override
-    def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
+    def on_round_start(
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, round_ctx: RoundContext
+    ) -> None:
         self._round_ctx = round_ctx
         store = round_ctx.store
         sampled = self.population == "sampled"
@@ -159,7 +161,7 @@ class RFedAvg(FeatureLossTerm):
     @override
     def client_loss(
         self,
-        trainer: FederatedTrainer,
+        trainer: FederatedTrainerView,
         pl_module: LightningModule,
         client_ctx: ClientContext,
         batch: Any,
@@ -178,7 +180,7 @@ class RFedAvg(FeatureLossTerm):
 
     @override
     def on_client_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
     ) -> None:
         super().on_client_end(trainer, pl_module, client_ctx, update)
         if self.variant != "v1":
@@ -190,7 +192,7 @@ class RFedAvg(FeatureLossTerm):
             self._round_ctx.bytes_up += delta.numel() * delta.element_size()
 
     def client_delta(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_id: int, round_idx: int, phase: str
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_id: int, round_idx: int, phase: str
     ) -> Tensor:
         """δ of ``client_id`` with the model the module holds now: the (clipped, noised) mean feature, on the CPU."""
         seed = trainer.federation_state.seed
@@ -206,7 +208,7 @@ class RFedAvg(FeatureLossTerm):
 
     @torch.no_grad()
     def _feature_sum(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, loader: Any, limit: int | None
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, loader: Any, limit: int | None
     ) -> tuple[Tensor, int]:
         captured: list[Tensor] = []
         handle = None

@@ -24,7 +24,7 @@ from lightning_fed.hooks import FedCallback, GroupStep, federated_trainer
 from lightning_fed.parallel.reduction import CrossProcessState
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 class Scaffold(FedCallback, CrossProcessState):
@@ -99,7 +99,7 @@ class Scaffold(FedCallback, CrossProcessState):
         self._num_deltas = 0
 
     @override
-    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+    def check_setup(self, trainer: FederatedTrainerView, datamodule: Any) -> None:
         _check_aggregator(trainer.aggregator)
 
     @override
@@ -117,7 +117,9 @@ class Scaffold(FedCallback, CrossProcessState):
             )
 
     @override
-    def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
+    def on_round_start(
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, round_ctx: RoundContext
+    ) -> None:
         device = next(pl_module.parameters()).device
         self._device_control = {name: c.to(device) for name, c in self._server_control.items()}
         self.add_round_state("_delta_sum", {n: torch.zeros_like(c) for n, c in self._device_control.items()})
@@ -128,7 +130,7 @@ class Scaffold(FedCallback, CrossProcessState):
 
     @override
     def on_client_train_start(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
     ) -> None:
         stored = client_ctx.store.get(self.namespace, client_ctx.client_id)
         server = self._device_control
@@ -140,7 +142,7 @@ class Scaffold(FedCallback, CrossProcessState):
 
     @override
     def on_client_before_optimizer_step(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, step: GroupStep
     ) -> None:
         if not self._through_grad:
             return
@@ -150,7 +152,7 @@ class Scaffold(FedCallback, CrossProcessState):
 
     @override
     def on_client_after_optimizer_step(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, step: GroupStep
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, step: GroupStep
     ) -> None:
         if self._through_grad:
             return
@@ -169,7 +171,7 @@ class Scaffold(FedCallback, CrossProcessState):
 
     @override
     def on_client_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
     ) -> None:
         if client_ctx.num_steps < 1:
             return
@@ -189,7 +191,7 @@ class Scaffold(FedCallback, CrossProcessState):
 
     @override
     def on_aggregate(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
     ) -> None:
         if not self._num_deltas:
             return
@@ -198,7 +200,11 @@ class Scaffold(FedCallback, CrossProcessState):
 
     @override
     def on_round_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
+        self,
+        trainer: FederatedTrainerView,
+        pl_module: LightningModule,
+        round_ctx: RoundContext,
+        metrics: dict[str, float],
     ) -> None:
         squares = sum(float(c.double().pow(2).sum()) for c in self._server_control.values())
         metrics["scaffold/server_control_norm"] = squares**0.5

@@ -12,7 +12,7 @@ from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.functional.state_dict import StateDict
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 class Separate(PersonalizedCallback):
@@ -48,20 +48,22 @@ class Separate(PersonalizedCallback):
         super().__init__("separate")
 
     @override
-    def on_client_start(self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext) -> None:
+    def on_client_start(
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext
+    ) -> None:
         own = self.personal_params(client_ctx.store, client_ctx.client_id)
         if own is not None:
             client_ctx.initial_params = own
 
     @override
     def on_client_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, update: ClientUpdate
     ) -> None:
         self.save_personal(client_ctx.store, client_ctx.client_id, update.params)
 
     @override
     def on_aggregate(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, round_ctx: RoundContext, new_params: StateDict
     ) -> None:
         new_params.update(round_ctx.global_params)
         round_ctx.bytes_up = 0

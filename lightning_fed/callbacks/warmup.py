@@ -14,7 +14,7 @@ from lightning_fed.engine.seeding import derive_seed, seed_torch
 from lightning_fed.hooks import FedCallback, federated_trainer
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 class SharedDataWarmup(FedCallback):
@@ -51,7 +51,7 @@ class SharedDataWarmup(FedCallback):
         self.metrics: dict[str, float] = {}
 
     @override
-    def check_setup(self, trainer: FederatedTrainer, datamodule: Any) -> None:
+    def check_setup(self, trainer: FederatedTrainerView, datamodule: Any) -> None:
         if getattr(datamodule, "sharing", None) is None:
             raise InvalidArgumentError(
                 "data.init_args.sharing", None, "set (e.g. {beta: 0.05, alpha: 0.5}) for SharedDataWarmup"
@@ -77,7 +77,7 @@ class SharedDataWarmup(FedCallback):
             self.metrics.update(self._train(trainer, pl_module, epochs, lr))
 
     def _train(
-        self, trainer: FederatedTrainer, module: LightningModule, epochs: int, lr: float | None
+        self, trainer: FederatedTrainerView, module: LightningModule, epochs: int, lr: float | None
     ) -> dict[str, float]:
         """Central SGD on G for ``epochs`` epochs, in place; returns the last epoch's logged means."""
         seed = trainer.resolve_seed()
@@ -104,7 +104,11 @@ class SharedDataWarmup(FedCallback):
 
     @override
     def on_round_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
+        self,
+        trainer: FederatedTrainerView,
+        pl_module: LightningModule,
+        round_ctx: RoundContext,
+        metrics: dict[str, float],
     ) -> None:
         if round_ctx.round_idx == 0:
             metrics.update(self.metrics)

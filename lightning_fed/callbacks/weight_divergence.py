@@ -23,7 +23,7 @@ from lightning_fed.functional.state_dict import StateDict, clone_state, copy_sta
 from lightning_fed.hooks import FedCallback, federated_trainer
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 PREFIX = "divergence/"
 
@@ -85,7 +85,9 @@ class WeightDivergence(FedCallback):
         return self._twin
 
     @override
-    def on_round_start(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
+    def on_round_start(
+        self, trainer: FederatedTrainerView, pl_module: LightningModule, round_ctx: RoundContext
+    ) -> None:
         self._names = [name for name, p in pl_module.named_parameters() if p.requires_grad]
         if not self._twin:
             if trainer.federation_state.completed_rounds > 0:
@@ -99,7 +101,11 @@ class WeightDivergence(FedCallback):
 
     @override
     def on_round_end(
-        self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
+        self,
+        trainer: FederatedTrainerView,
+        pl_module: LightningModule,
+        round_ctx: RoundContext,
+        metrics: dict[str, float],
     ) -> None:
         if not is_due(round_ctx.round_idx + 1, self.every_n_rounds, trainer.num_rounds):
             return
@@ -128,7 +134,7 @@ class WeightDivergence(FedCallback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._twin = {name: tensor.to("cpu") for name, tensor in state_dict.get("twin", {}).items()}
 
-    def _train_twin(self, trainer: FederatedTrainer, pl_module: LightningModule, round_ctx: RoundContext) -> None:
+    def _train_twin(self, trainer: FederatedTrainerView, pl_module: LightningModule, round_ctx: RoundContext) -> None:
         """One round of centralised SGD on the twin, on the live module, which is restored afterwards."""
         live = pl_module.state_dict(keep_vars=True)
         saved, was_training = clone_state(live), pl_module.training
@@ -152,7 +158,7 @@ class WeightDivergence(FedCallback):
                 p.grad = None
 
 
-def _pooled_loader(trainer: FederatedTrainer, num_clients: int, seed: int) -> Any:
+def _pooled_loader(trainer: FederatedTrainerView, num_clients: int, seed: int) -> Any:
     """The datamodule's pooled ``train_dataloader`` with batch ``B * K`` and order seeded by ``seed``.
 
     A shallow copy carries the datamodule's splits; only its batch size and loader seed are changed, so the
@@ -165,7 +171,7 @@ def _pooled_loader(trainer: FederatedTrainer, num_clients: int, seed: int) -> An
 
 
 @contextmanager
-def _kept_scaler(trainer: FederatedTrainer) -> Iterator[None]:
+def _kept_scaler(trainer: FederatedTrainerView) -> Iterator[None]:
     """Restores the AMP grad scaler's scale and growth tracker after the block, so the twin's steps (its own
     overflows included) do not shift the loss scale of the clients' steps."""
     scaler = getattr(trainer.strategy.precision_plugin, "scaler", None)
@@ -179,7 +185,7 @@ def _kept_scaler(trainer: FederatedTrainer) -> Iterator[None]:
         scaler.load_state_dict(saved)
 
 
-def _run_dir(trainer: FederatedTrainer) -> Path:
+def _run_dir(trainer: FederatedTrainerView) -> Path:
     """The run directory the reporter writes summary.json into, else ``trainer.default_root_dir``."""
     run_dir = trainer.fed_run_dir
     return Path(run_dir) if run_dir is not None else Path(trainer.default_root_dir)

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -53,7 +53,8 @@ class SaveConfigToRunDir(SaveConfigCallback):
 
     @override
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        run_dir = resolve_run_dir(federated_trainer(trainer, self))
+        federated_trainer(trainer, self)  # one clear error for a plain Trainer
+        run_dir = resolve_run_dir(cast(FederatedTrainer, trainer))
         run_dir.mkdir(parents=True, exist_ok=True)
         if self.multifile:
             self.parser.save(

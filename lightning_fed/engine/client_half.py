@@ -33,7 +33,7 @@ from lightning_fed.engine.step_counter import StepCounter
 from lightning_fed.functional.state_dict import StateDict, all_finite, clone_state, copy_state_, state_nbytes
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 @dataclass
@@ -71,7 +71,7 @@ class ClientHalf:
 
     def __init__(
         self,
-        trainer: FederatedTrainer,
+        trainer: FederatedTrainerView,
         module: LightningModule,
         live: StateDict,
         steps: StepCounter,

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning_fed.hooks import FedCallback
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 class HookDispatcher:
@@ -32,7 +32,7 @@ class HookDispatcher:
 
     def __init__(
         self,
-        trainer: FederatedTrainer,
+        trainer: FederatedTrainerView,
         module: LightningModule,
         callbacks: Sequence[Callback] | None = None,
         module_hooks: bool = True,
@@ -87,7 +87,8 @@ _REMOVED_STEP_HOOKS = {
 
 
 def check_step_hooks(callbacks: Iterable[Any]) -> None:
-    """Refuses callbacks written against the per-step hooks before they took one :class:`~lightning_fed.hooks.GroupStep`.
+    """Refuses callbacks written against the per-step hooks before they took one
+    :class:`~lightning_fed.hooks.GroupStep`.
 
     Such a callback would otherwise train without its hook (an ``on_group_*`` override is never called) or fail
     at its first step with a bare missing-argument error.

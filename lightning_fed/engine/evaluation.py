@@ -15,7 +15,7 @@ from lightning_fed.engine.log_buffer import LogBuffer, batch_size_of, buffered_l
 from lightning_fed.parallel.distributed import rank_local_metrics
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 def eval_step_name(module: LightningModule) -> str | None:
@@ -28,7 +28,7 @@ def eval_step_name(module: LightningModule) -> str | None:
 
 @torch.no_grad()
 def evaluate(
-    trainer: FederatedTrainer, module: LightningModule, dataloader: DataLoader, buffer: LogBuffer
+    trainer: FederatedTrainerView, module: LightningModule, dataloader: DataLoader, buffer: LogBuffer
 ) -> dict[str, float]:
     """Runs the module's ``test_step`` (or ``validation_step``) over ``dataloader`` and returns the logged means.
 

@@ -17,7 +17,7 @@ from lightning_fed.functional.state_dict import StateDict, clone_state, copy_sta
 from lightning_fed.parallel import distributed
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 # Per-client results of the global model and of personalised models are logged under different names, so that
 # nobody reads one for the other.
@@ -39,7 +39,12 @@ class RoundEvaluator:
     """
 
     def __init__(
-        self, trainer: FederatedTrainer, module: LightningModule, live: StateDict, buffer: LogBuffer, dispatch: Dispatch
+        self,
+        trainer: FederatedTrainerView,
+        module: LightningModule,
+        live: StateDict,
+        buffer: LogBuffer,
+        dispatch: Dispatch,
     ) -> None:
         self.trainer = trainer
         self.module = module

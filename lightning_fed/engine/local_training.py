@@ -28,7 +28,7 @@ from lightning_fed.hooks import GroupStep
 from lightning_fed.parallel.distributed import rank_local_metrics
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 TrainingMode = Literal["client", "plain", "central"]
 TRAINING_MODES: tuple[TrainingMode, ...] = ("client", "plain", "central")
@@ -72,7 +72,7 @@ class LocalTrainer:
 
     def __init__(
         self,
-        trainer: FederatedTrainer,
+        trainer: FederatedTrainerView,
         module: LightningModule,
         mode: TrainingMode = "client",
         steps: StepCounter | None = None,

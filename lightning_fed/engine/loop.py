@@ -9,7 +9,7 @@ fails loudly if these internals move.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lightning.pytorch.loops.fetchers import _DataFetcher
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
@@ -17,10 +17,33 @@ from typing_extensions import override
 
 from lightning_fed.engine.round import RoundRunner
 from lightning_fed.engine.step_counter import StepCounter
-from lightning_fed.run.checkpoint_state import federated_checkpoint, restore_federated_checkpoint
+from lightning_fed.hooks import FederatedTrainerView
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning.pytorch import Trainer
+
+    from lightning_fed.context import RoundResult
+
+
+class RoundHost(FederatedTrainerView, Protocol):
+    """What the round loop needs of its trainer, beyond what plug-ins read: the fit's start, a round's end, and the
+    federated part of a checkpoint."""
+
+    def start_federation(self) -> None:
+        """Prepares the rounds of a fit (after any restore): seed, run directory, reporter."""
+        ...
+
+    def finish_round(self, result: RoundResult) -> None:
+        """Completes a round after validation: history, ``on_round_end``, reporting."""
+        ...
+
+    def federated_checkpoint(self) -> dict[str, Any]:
+        """Everything federated a checkpoint must hold."""
+        ...
+
+    def restore_federated_checkpoint(self, state_dict: dict[str, Any]) -> None:
+        """Restores what :meth:`federated_checkpoint` saved."""
+        ...
 
 
 class _RoundLoop(_TrainingEpochLoop):
@@ -30,13 +53,13 @@ class _RoundLoop(_TrainingEpochLoop):
     this process (after any checkpoint is restored), with the step counter that advances ``global_step``.
     """
 
-    def __init__(self, trainer: FederatedTrainer) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         super().__init__(trainer, min_steps=None, max_steps=-1)
         self.runner: RoundRunner | None = None
 
     @override
     def run(self, data_fetcher: _DataFetcher) -> None:
-        trainer: FederatedTrainer = self.trainer  # type: ignore[assignment]
+        trainer: RoundHost = self.trainer  # type: ignore[assignment]
         if self.runner is None:
             trainer.start_federation()
             self.runner = RoundRunner(trainer, trainer.lightning_module, StepCounter(self._count_step))
@@ -83,18 +106,18 @@ class _RoundLoop(_TrainingEpochLoop):
     @override
     def on_save_checkpoint(self) -> dict[str, Any]:
         state_dict = super().on_save_checkpoint()
-        trainer: FederatedTrainer = self.trainer  # type: ignore[assignment]
-        state_dict["federated"] = federated_checkpoint(trainer)
+        trainer: RoundHost = self.trainer  # type: ignore[assignment]
+        state_dict["federated"] = trainer.federated_checkpoint()
         return state_dict
 
     @override
     def on_load_checkpoint(self, state_dict: dict[str, Any]) -> None:
         super().on_load_checkpoint(state_dict)
         if "federated" in state_dict:
-            trainer: FederatedTrainer = self.trainer  # type: ignore[assignment]
-            restore_federated_checkpoint(trainer, state_dict["federated"])
+            trainer: RoundHost = self.trainer  # type: ignore[assignment]
+            trainer.restore_federated_checkpoint(state_dict["federated"])
 
 
-def install_round_loop(trainer: FederatedTrainer) -> None:
+def install_round_loop(trainer: Trainer) -> None:
     """Replaces the trainer's training-epoch loop with the round loop."""
     trainer.fit_loop.epoch_loop = _RoundLoop(trainer)

@@ -13,7 +13,7 @@ from torch import Tensor
 from lightning_fed.context import FederationState, RoundContext
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 def finite_tree(value: Any) -> bool:
@@ -49,14 +49,14 @@ def rejection_warning(state: FederationState) -> str | None:
     )
 
 
-def warn_if_many_rejected(trainer: FederatedTrainer) -> None:
+def warn_if_many_rejected(trainer: FederatedTrainerView) -> None:
     """Emits :func:`rejection_warning` on rank 0 when it applies; called when a fit ends."""
     message = rejection_warning(trainer.federation_state)
     if message is not None:
         rank_zero_warn(message, category=UserWarning)
 
 
-def reject_client(trainer: FederatedTrainer, round_ctx: RoundContext, client_id: int) -> None:
+def reject_client(trainer: FederatedTrainerView, round_ctx: RoundContext, client_id: int) -> None:
     """Leaves a diverged client out of the round, or stops the run when ``on_client_divergence="raise"``."""
     round_ctx.rejected.append(client_id)
     message = f"Client {client_id} diverged in round {round_ctx.round_idx}: its update holds NaN or Inf."

@@ -30,7 +30,7 @@ from lightning_fed.functional.state_dict import StateDict, clone_state, copy_sta
 from lightning_fed.parallel import distributed
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 class RoundRunner:
@@ -47,7 +47,7 @@ class RoundRunner:
         steps: Counts the clients' optimizer steps (``global_step``).
     """
 
-    def __init__(self, trainer: FederatedTrainer, module: LightningModule, steps: StepCounter) -> None:
+    def __init__(self, trainer: FederatedTrainerView, module: LightningModule, steps: StepCounter) -> None:
         self.trainer = trainer
         self.module = module
         self.live: StateDict = module.state_dict(keep_vars=True)

@@ -23,7 +23,7 @@ from lightning_fed.functional.state_dict import StateDict, clone_state, copy_sta
 from lightning_fed.parallel.reduction import CrossProcessState
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 def trainable_parameter_names(module: LightningModule) -> frozenset[str]:
@@ -45,7 +45,7 @@ class ServerHalf:
 
     def __init__(
         self,
-        trainer: FederatedTrainer,
+        trainer: FederatedTrainerView,
         module: LightningModule,
         live: StateDict,
         steps: StepCounter,

@@ -21,7 +21,7 @@ from torchmetrics import Metric
 from lightning_fed.engine.log_buffer import LogBuffer, buffered_logging
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 # Lightning's per-batch hooks, called only for the objects that override them: dispatching every hook to every
 # callback costs more than a small model's step.
@@ -43,7 +43,7 @@ def loss_of(output: Any) -> Tensor | None:
 
 
 def training_loss(
-    trainer: FederatedTrainer, module: LightningModule, batch: Any, batch_idx: int
+    trainer: FederatedTrainerView, module: LightningModule, batch: Any, batch_idx: int
 ) -> tuple[Tensor | None, Any]:
     """Runs ``module.training_step`` under the precision plugin's autocast context, as Lightning does.
 
@@ -59,7 +59,7 @@ def training_loss(
     return loss_of(output), output
 
 
-def accumulation_of(trainer: FederatedTrainer) -> int:
+def accumulation_of(trainer: FederatedTrainerView) -> int:
     """How many batches one optimizer step averages over (the trainer's ``accumulate_grad_batches``, at least 1)."""
     return max(1, int(trainer.accumulate_grad_batches))
 
@@ -72,7 +72,7 @@ def _share_of_step(loss: Tensor, accumulate: int) -> Tensor:
     return loss / accumulate if accumulate > 1 else loss
 
 
-def clip_and_step(trainer: FederatedTrainer, module: LightningModule, optimizer: Optimizer, scaler: Any) -> None:
+def clip_and_step(trainer: FederatedTrainerView, module: LightningModule, optimizer: Optimizer, scaler: Any) -> None:
     """Clips gradients as the trainer is configured to (the module's hook decides how), then steps the optimizer,
     through the AMP grad scaler when there is one (gradients must already be unscaled)."""
     if trainer.gradient_clip_val:
@@ -89,7 +89,10 @@ def clip_and_step(trainer: FederatedTrainer, module: LightningModule, optimizer:
 
 
 def step_gradient(
-    trainer: FederatedTrainer, module: LightningModule, batches: Sequence[tuple[Any, int]], params: Mapping[str, Tensor]
+    trainer: FederatedTrainerView,
+    module: LightningModule,
+    batches: Sequence[tuple[Any, int]],
+    params: Mapping[str, Tensor],
 ) -> tuple[dict[str, Tensor], Tensor | None]:
     """The gradient that one optimizer step of local training takes, at the parameters the module holds now.
 

@@ -20,7 +20,7 @@ from lightning_fed.functional.stacked_optim import unsupported_optimizer
 from lightning_fed.hooks import FedCallback
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 # Stacked parameters of a group on a CPU: measured on a 2-core machine, 2NN groups of 10-25 clients (11-27 MB) gain
 # and a group of 100 (107 MB) falls out of cache and loses (README, client_parallelism).
@@ -125,7 +125,7 @@ def auto_group_size(module: LightningModule, device: torch.device) -> int:
 
 
 def unbatchable_reason(
-    trainer: FederatedTrainer, module: LightningModule, step_module: TrainingStep, client_id: int
+    trainer: FederatedTrainerView, module: LightningModule, step_module: TrainingStep, client_id: int
 ) -> str | None:
     """Why this fit cannot train clients side by side, or ``None`` when it can.
 
@@ -138,7 +138,7 @@ def unbatchable_reason(
     return reason if reason is not None else _trial_reason(trainer, module, step_module, client_id)
 
 
-def _settings_reason(trainer: FederatedTrainer, module: LightningModule) -> str | None:
+def _settings_reason(trainer: FederatedTrainerView, module: LightningModule) -> str | None:
     if not module.automatic_optimization:
         return "the module uses manual optimization"
     if len(trainer.optimizers) != 1:
@@ -163,7 +163,7 @@ def _settings_reason(trainer: FederatedTrainer, module: LightningModule) -> str 
     return None
 
 
-def _callback_reason(trainer: FederatedTrainer) -> str | None:
+def _callback_reason(trainer: FederatedTrainerView) -> str | None:
     for callback in trainer.callbacks:
         name = type(callback).__name__
         if isinstance(callback, FedCallback):
@@ -189,7 +189,7 @@ def _idle_checkpoint_hook(callback: Callback, hook: str) -> bool:
 
 
 def _trial_reason(
-    trainer: FederatedTrainer, module: LightningModule, step_module: TrainingStep, client_id: int
+    trainer: FederatedTrainerView, module: LightningModule, step_module: TrainingStep, client_id: int
 ) -> str | None:
     def discard(*args: Any, **kwargs: Any) -> None:
         return None

@@ -41,7 +41,7 @@ from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.hooks import ClientGroup, FedCallback, GroupStep
 
 if TYPE_CHECKING:
-    from lightning_fed.trainer import FederatedTrainer
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 class ClientGroups:
@@ -57,7 +57,7 @@ class ClientGroups:
         steps: Counts every client's optimizer steps (``trainer.global_step`` and the round's count).
     """
 
-    def __init__(self, trainer: FederatedTrainer, module: LightningModule, steps: StepCounter) -> None:
+    def __init__(self, trainer: FederatedTrainerView, module: LightningModule, steps: StepCounter) -> None:
         self.trainer = trainer
         self.module = module
         self.steps = steps
