@@ -191,5 +191,3 @@ class FederationState:
             setattr(self, key, state_dict[key])
         self.history = [dict(entry) for entry in state_dict["history"]]
         self.store.load_state_dict(state_dict["store"])
-
-
