@@ -1,4 +1,9 @@
-"""``lightning-fed reproduce`` and ``python benchmarks/reproduce.py``: run the papers' claims and write the report.
+"""``lightning-fed reproduce``, ``lightning-fed-reproduce`` and ``python benchmarks/reproduce.py``: run the papers'
+claims and write the report.
+
+``lightning-fed reproduce`` and ``lightning-fed-reproduce`` need the suite installed from the checkout
+(``pip install -e benchmarks/``, which declares ``reproduce`` in the ``lightning_fed.commands`` entry-point group);
+``python benchmarks/reproduce.py`` needs nothing installed beyond the library.
 
 Examples::
 
@@ -34,7 +39,8 @@ from benchmarks.reproduce.runner import (
 )
 from benchmarks.reproduce.tuning import collect, tuning_runs, write_tuned_presets, write_tuning_report
 
-#: The repository checkout that holds this suite and its ``configs/``.
+#: The repository checkout that holds this suite and its ``configs/`` (the suite runs from a checkout, or is
+#: installed from one in editable mode: ``pip install -e benchmarks/``).
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
@@ -242,4 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-__all__ = ["main"]
+def entry_point() -> None:
+    """Console script ``lightning-fed-reproduce`` (``pip install -e benchmarks/``): :func:`main` on ``sys.argv``."""
+    sys.exit(main(sys.argv[1:]))
+
+
+__all__ = ["entry_point", "main"]

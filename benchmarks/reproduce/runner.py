@@ -139,7 +139,7 @@ def _run_subprocess(
 
 
 def _run_in_process(args: list[str], log_path: Path) -> str | None:
-    from lightning_fed.cli.main import FederatedCLI
+    from lightning_fed.cli import FederatedCLI
 
     with log_path.open("w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         try:

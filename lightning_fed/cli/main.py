@@ -6,7 +6,10 @@ Examples::
     lightning-fed fit --config configs/quickstart.yaml --trainer.num_rounds 5
     lightning-fed fit --config configs/quickstart.yaml --ckpt_path last      # resume a killed run
     lightning-fed fit --config configs/quickstart.yaml --print_config
-    lightning-fed reproduce --profile small     # the papers' claims, from a repository checkout (benchmarks/reproduce/)
+    lightning-fed reproduce --profile small     # the papers' claims; needs `pip install -e benchmarks/` from a checkout
+
+Subcommands besides LightningCLI's come from other installed distributions, through the entry-point group
+``lightning_fed.commands`` (:data:`COMMANDS_GROUP`): the repository's ``benchmarks/`` declares ``reproduce`` there.
 
 A bad argument, config entry or data setting stops the command before anything is written, with one line on
 stderr that names the setting by its config path, the value given and what is allowed (see :func:`main`).
@@ -19,7 +22,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any, cast
 
 from lightning.pytorch import LightningModule, Trainer
@@ -243,56 +246,42 @@ def _num_classes_of(data_config: Any) -> int | None:
     return value if isinstance(value, int) else None
 
 
-_REPRODUCE_COMMAND = Path("benchmarks", "reproduce", "command.py")
-# A checkout when the package is installed in editable mode (or imported from the repository root).
-_PACKAGE_PARENT = Path(__file__).resolve().parents[1]
+#: The entry-point group of the extra subcommands: ``name = "module:function"``, where ``function(argv)`` takes the
+#: arguments after the name and returns the exit status. Another distribution adds ``lightning-fed NAME`` by
+#: declaring it there; this package never imports it by name.
+COMMANDS_GROUP = "lightning_fed.commands"
+
+#: LightningCLI's own subcommands, which an extra command cannot replace.
+_LIGHTNING_SUBCOMMANDS = frozenset({"fit", "validate", "test", "predict"})
+
+#: Extra subcommands that the documentation names, and what to install for each when it is missing.
+_MISSING_COMMAND_HINTS = {
+    "reproduce": (
+        "the reproduction suite is not installed. It ships with the repository, not with the package: from a"
+        " checkout's root, run `pip install -e benchmarks/` (or `python benchmarks/reproduce.py ...`)."
+    ),
+}
 
 
-def find_checkout(argv: Sequence[str] = (), start: Path | None = None) -> Path | None:
-    """The repository checkout that holds the reproduction suite (``benchmarks/reproduce/``), or ``None``.
+def extra_commands() -> dict[str, EntryPoint]:
+    """The subcommands that installed distributions declare in the :data:`COMMANDS_GROUP` entry-point group."""
+    found = {entry.name: entry for entry in entry_points(group=COMMANDS_GROUP)}
+    return {name: entry for name, entry in found.items() if name not in _LIGHTNING_SUBCOMMANDS}
 
-    Looked for, in order: the ``--root`` given in ``argv``; ``start`` (default: the working directory) and its
-    parents; the directory above this package, which is a checkout when the package is installed in editable mode.
+
+def run_extra_command(name: str, argv: Sequence[str]) -> int | None:
+    """Runs the extra subcommand ``name`` on ``argv`` and returns its exit status; ``None`` if ``name`` is none.
+
+    A subcommand that the documentation names but that is not installed prints one line saying what to install
+    and returns 2.
     """
-    candidates: list[Path] = []
-    for i, arg in enumerate(argv):
-        if arg == "--root" and i + 1 < len(argv):
-            candidates.append(Path(argv[i + 1]))
-        elif arg.startswith("--root="):
-            candidates.append(Path(arg.split("=", 1)[1]))
-    here = (start or Path.cwd()).resolve()
-    candidates += [here, *here.parents, _PACKAGE_PARENT]
-    return next((path.resolve() for path in candidates if (path / _REPRODUCE_COMMAND).is_file()), None)
-
-
-def reproduce(argv: Sequence[str]) -> int:
-    """``lightning-fed reproduce``: runs the reproduction suite of the repository checkout found by
-    :func:`find_checkout`.
-
-    The suite is not part of the installed package: its runs are the YAML files under the repository's
-    ``configs/``. Outside a checkout this exits with a message that says how to get one.
-    """
-    checkout = find_checkout(argv)
-    if checkout is None:
-        print(
-            "lightning-fed reproduce: no lightning-fed repository checkout found. The reproduction suite"
-            f" ({_REPRODUCE_COMMAND.parent}/) and its configs/ ship with the repository, not with the installed"
-            " package: clone the repository and run the command from its root, or pass --root PATH_TO_CHECKOUT.",
-            file=sys.stderr,
-        )
+    entry = extra_commands().get(name)
+    if entry is not None:
+        return int(entry.load()(list(argv)) or 0)
+    if name in _MISSING_COMMAND_HINTS:
+        print(f"lightning-fed {name}: {_MISSING_COMMAND_HINTS[name]}", file=sys.stderr)
         return 2
-    if str(checkout) not in sys.path:
-        sys.path.insert(0, str(checkout))
-    command = importlib.import_module("benchmarks.reproduce.command")
-    if not Path(command.__file__ or "").resolve().is_relative_to(checkout):
-        print(
-            f"lightning-fed reproduce: `benchmarks` was imported from {command.__file__}, not from the checkout"
-            f" {checkout}: another package named `benchmarks` shadows it. Run `python benchmarks/reproduce.py`"
-            " from the checkout's root instead.",
-            file=sys.stderr,
-        )
-        return 2
-    return int(command.main(list(argv)))
+    return None
 
 
 def main(args: Sequence[str] | None = None) -> None:
@@ -311,9 +300,11 @@ def main(args: Sequence[str] | None = None) -> None:
         args: The command line without the program name; ``None`` reads ``sys.argv``.
     """
     argv = list(sys.argv[1:] if args is None else args)
-    # LightningCLI's subcommands are fixed (fit, validate, test, ...): `reproduce` is dispatched before it parses.
-    if argv[:1] == ["reproduce"]:
-        sys.exit(reproduce(argv[1:]))
+    # LightningCLI's subcommands are fixed (fit, validate, test, ...): the extra ones are dispatched before it parses.
+    if argv and argv[0] not in _LIGHTNING_SUBCOMMANDS and not argv[0].startswith("-"):
+        status = run_extra_command(argv[0], argv[1:])
+        if status is not None:
+            sys.exit(status)
     if traceback_requested():
         FederatedCLI(args=None if args is None else argv)
         return

@@ -1,7 +1,9 @@
 """The whole pipeline on the smoke profile (one round, tiny data), the command's entry points and the W&B report."""
 
+import importlib
 import json
 import sys
+from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
@@ -12,9 +14,29 @@ from benchmarks.reproduce.dashboard import log_report
 from benchmarks.reproduce.report import Report
 from benchmarks.reproduce.rules import Verdict
 from benchmarks.reproduce.runner import WandbOptions
-from lightning_fed.cli import main as cli
+
+# The module, not the function `lightning_fed.cli.main` that the package re-exports under the same name.
+cli = importlib.import_module("lightning_fed.cli.main")
 
 ROOT = Path(__file__).parents[2]
+
+
+def _benchmarks_project() -> dict:
+    """``benchmarks/pyproject.toml``'s ``[project]``, which ``pip install -e benchmarks/`` installs."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    return tomllib.loads((ROOT / "benchmarks" / "pyproject.toml").read_text())["project"]
+
+
+def _declared_reproduce() -> EntryPoint:
+    """``reproduce`` as ``benchmarks/pyproject.toml`` declares it."""
+    project = _benchmarks_project()
+    value = project["entry-points"][cli.COMMANDS_GROUP]["reproduce"]
+    return EntryPoint(name="reproduce", value=value, group=cli.COMMANDS_GROUP)
+
+
+def _installed(monkeypatch, *commands: EntryPoint) -> None:
+    """As if the distributions declaring ``commands`` (and no others) were installed."""
+    monkeypatch.setattr(cli, "entry_points", lambda group: [c for c in commands if c.group == group])
 
 
 def test_smoke_profile_end_to_end(tmp_path, monkeypatch, capsys):
@@ -49,6 +71,7 @@ def test_smoke_profile_end_to_end(tmp_path, monkeypatch, capsys):
 
 def test_lightning_fed_reproduce_dispatches_before_lightning_cli(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(ROOT)
+    _installed(monkeypatch, _declared_reproduce())
     monkeypatch.setattr(
         sys,
         "argv",
@@ -84,25 +107,35 @@ def test_report_is_logged_to_wandb_offline(tmp_path, monkeypatch):
     assert len(runs) == 1 and any(runs[0].rglob("*.wandb"))
 
 
-def test_reproduce_finds_the_checkout_from_a_subdirectory_or_root(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "_PACKAGE_PARENT", tmp_path)
-    assert cli.find_checkout([], start=ROOT / "tests" / "reproduce") == ROOT
-    assert cli.find_checkout(["--profile", "smoke", "--root", str(ROOT)], start=tmp_path) == ROOT
-    assert cli.find_checkout([f"--root={ROOT}"], start=tmp_path) == ROOT
-    assert cli.find_checkout([], start=tmp_path) is None
+def test_the_benchmarks_distribution_declares_reproduce_and_its_console_script():
+    project = _benchmarks_project()
+    assert _declared_reproduce().load() is command.main
+    module, _, function = project["scripts"]["lightning-fed-reproduce"].partition(":")
+    assert getattr(importlib.import_module(module), function) is command.entry_point
 
 
-def test_reproduce_outside_a_checkout_says_what_to_do(tmp_path, monkeypatch, capsys):
-    # As from an installed wheel: neither the working directory nor the package's location is a checkout.
+def test_reproduce_without_the_benchmarks_installed_says_what_to_install(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "_PACKAGE_PARENT", tmp_path)
+    _installed(monkeypatch)
     monkeypatch.setattr(sys, "argv", ["lightning-fed", "reproduce", "--profile", "smoke"])
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "no lightning-fed repository checkout found" in err and "--root" in err and "clone the repository" in err
+    assert len(err.splitlines()) == 1 and "pip install -e benchmarks/" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_extra_command_cannot_replace_a_lightning_subcommand(monkeypatch):
+    _installed(monkeypatch, EntryPoint(name="fit", value="benchmarks.reproduce.command:main", group=cli.COMMANDS_GROUP))
+    assert "fit" not in cli.extra_commands()
+    assert cli.run_extra_command("fit", []) is None
+
+
+def test_the_cli_never_imports_the_benchmarks():
+    # `lightning-fed` finds `reproduce` through the entry points only; the suite imports the CLI, not the reverse.
+    source = Path(cli.__file__).read_text()
+    assert "benchmarks" not in source.replace("benchmarks/", "") and "sys.path" not in source
 
 
 def test_benchmarks_script_runs_the_suite():
