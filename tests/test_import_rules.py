@@ -156,22 +156,8 @@ def test_import_graph_skips_type_checking_imports(tmp_path):
     ]
 
 
-#: Run-time imports that close a cycle today, each with the change that removes it. The test fails when one of them
-#: is gone, so that the entry goes too.
-KNOWN_CYCLE_IMPORTS = {
-    # `federated_trainer`'s isinstance check imports the trainer, which imports the engine, the algorithms and run/,
-    # all of which import the hooks: a Protocol of the trainer in the contract layer replaces it.
-    ("lightning_fed.hooks", "lightning_fed.trainer"),
-}
-
-
 def test_no_run_time_import_cycle():
-    graph = import_graph()
-    gone = [edge for edge in KNOWN_CYCLE_IMPORTS if edge[1] not in graph[edge[0]]]
-    assert not gone, f"no longer imported: remove {gone} from KNOWN_CYCLE_IMPORTS"
-    for source, target in KNOWN_CYCLE_IMPORTS:
-        graph[source].discard(target)
-    cycles = find_cycles(graph)
+    cycles = find_cycles(import_graph())
     assert not cycles, "run-time import cycles (imports under `if TYPE_CHECKING:` excluded):\n" + "\n".join(
         " -> ".join(cycle) for cycle in cycles
     )
