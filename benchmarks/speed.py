@@ -359,7 +359,7 @@ def profile(args: argparse.Namespace, batch_size: int, root: str) -> None:
         "training_step (forward, loss, log)": get("classifier.py", "training_step"),
         "backward": get("local_training.py", "_backward"),
         "optimizer step, zero_grad, hooks": get("local_training.py", "_optimizer_step"),
-        "next batch (client loader)": get("local_training.py", "_batches"),
+        "next batch (client loader)": get("training_step.py", "client_batches"),
     }
     model_work = sum(parts.values())
     named_overheads = {

@@ -84,7 +84,7 @@ class ClientHalf:
         self.hooks = hooks
         self.datamodule = trainer.datamodule
         self.local = LocalTrainer(trainer, module, mode="client", steps=steps)
-        self.batched = ClientGroups(trainer, module, steps)
+        self.batched = ClientGroups(trainer, module, steps, hooks)
         # A probe costs a pass over the client's data: only aggregators that define one get a loader.
         self._aggregator_probes = is_overridden("probe_client", trainer.aggregator, Aggregator)
 

@@ -225,14 +225,22 @@ class CrossProcessState:
             raise InvalidArgumentError("default", default, "a (position, value) pair for reduce='last'")
         structure = _structure(default, name) if reduce == "sum" else None
         self._declared_round_state()[name] = _Declared(reduce, structure)
+        self.__dict__["_round_state_reduced"] = False
         setattr(self, name, default)
 
     def reduce_round_state(self) -> None:
         """Combines every declared round state over ranks, in place; call it on every rank (identity in one process).
 
+        The engine calls it for every callback before ``on_aggregate``, and ``Aggregator`` around ``compute``. Once a
+        round's state is reduced, further calls do nothing until state is declared again (next round): a sum
+        reduced twice would count every other rank's clients twice, so an older callback that still reduces in its
+        own ``on_aggregate`` stays correct.
+
         Raises:
             ValueError: If a sum no longer has the structure it was declared with.
         """
+        if self.__dict__.get("_round_state_reduced", False):
+            return
         declared = self._declared_round_state()
         values = {name: getattr(self, name) for name in declared}
         for name, spec in declared.items():
@@ -248,6 +256,7 @@ class CrossProcessState:
         reduced = reduce_across_ranks(values, {name: spec.reduce for name, spec in declared.items()})
         for name, value in reduced.items():
             setattr(self, name, value)
+        self.__dict__["_round_state_reduced"] = True
 
     def _declared_round_state(self) -> dict[str, _Declared]:
         # Created on first use: subclasses (Lightning callbacks among them) need not call this mixin's __init__.

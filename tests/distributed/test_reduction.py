@@ -73,3 +73,26 @@ def test_bad_declarations_name_the_argument():
         acc.add_round_state("x", [], reduce="merge")
     with pytest.raises(ValueError, match=r"`default` must be a \(position, value\) pair"):
         acc.add_round_state("x", None, reduce="last")
+
+
+def test_a_round_state_is_reduced_once_until_it_is_declared_again(monkeypatch):
+    # The engine reduces every callback's state before on_aggregate; a callback that still reduces there itself must
+    # not reduce again: under ddp a sum reduced twice counts the other ranks' clients twice.
+    import lightning_fed.parallel.reduction as reduction
+
+    calls = []
+    original = reduction.reduce_across_ranks
+
+    def counting(values, reductions):
+        calls.append(sorted(values))
+        return original(values, reductions)
+
+    monkeypatch.setattr(reduction, "reduce_across_ranks", counting)
+    state = CrossProcessState()
+    state.add_round_state("total", torch.zeros(2))
+    state.reduce_round_state()
+    state.reduce_round_state()
+    assert calls == [["total"]]
+    state.add_round_state("total", torch.zeros(2))  # the next round
+    state.reduce_round_state()
+    assert calls == [["total"], ["total"]]

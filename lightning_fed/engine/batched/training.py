@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lightning.fabric.utilities.apply_func import apply_to_collection
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
 from lightning_fed.context import ClientContext
@@ -33,12 +32,13 @@ from lightning_fed.engine.batched.support import (
     stack_batches,
     unbatchable_reason,
 )
+from lightning_fed.engine.dispatch import HookDispatcher
 from lightning_fed.engine.log_buffer import batch_size_of
 from lightning_fed.engine.step_counter import StepCounter
 from lightning_fed.engine.training_step import client_batches, loss_of
 from lightning_fed.functional.stacked_optim import StackedHyperparameters, hyperparameters, stacked_step_
 from lightning_fed.functional.state_dict import StateDict
-from lightning_fed.hooks import ClientGroup, FedCallback, GroupStep
+from lightning_fed.hooks import ClientGroup, GroupStep
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView
@@ -55,17 +55,24 @@ class ClientGroups:
         trainer: The federated trainer.
         module: The user's LightningModule.
         steps: Counts every client's optimizer steps (``trainer.global_step`` and the round's count).
+        hooks: Calls the callbacks' hooks (default: a dispatcher of its own over ``trainer.callbacks``).
     """
 
-    def __init__(self, trainer: FederatedTrainerView, module: LightningModule, steps: StepCounter) -> None:
+    def __init__(
+        self,
+        trainer: FederatedTrainerView,
+        module: LightningModule,
+        steps: StepCounter,
+        hooks: HookDispatcher | None = None,
+    ) -> None:
         self.trainer = trainer
         self.module = module
         self.steps = steps
         self.size: int | None = None
-        callbacks = [cb for cb in trainer.callbacks if isinstance(cb, FedCallback)]
-        self.needs_live_model = any(is_overridden("on_client_end", cb, FedCallback) for cb in callbacks)
-        self._before = [cb for cb in callbacks if is_overridden("on_client_before_optimizer_step", cb, FedCallback)]
-        self._after = [cb for cb in callbacks if is_overridden("on_client_after_optimizer_step", cb, FedCallback)]
+        hooks = hooks if hooks is not None else HookDispatcher(trainer, module)
+        self.needs_live_model = bool(hooks.overriding("on_client_end"))
+        self._before = hooks.overriding("on_client_before_optimizer_step")
+        self._after = hooks.overriding("on_client_after_optimizer_step")
         self._step_module = TrainingStep(module)
 
     def groups(self, client_ids: Sequence[int]) -> list[list[int]]:
