@@ -1,4 +1,4 @@
-"""Canaries for the private Lightning API that lightning_fed/loop.py relies on.
+"""Canaries for the private Lightning API that lightning_fed/loop.py and lightning_fed/cli/main.py rely on.
 
 If one fails after a Lightning upgrade, the round loop must be adapted before anything else is trusted.
 """
@@ -53,3 +53,19 @@ def test_loop_state_dict_nests_child_loop_checkpoint_state():
     state = trainer.fit_loop.state_dict()
     assert "epoch_loop.state_dict" in state
     assert "on_save_checkpoint" in inspect.getsource(type(trainer.fit_loop.epoch_loop).state_dict)
+
+
+def test_the_cli_reparses_a_checkpoint_only_in_the_method_federated_cli_overrides():
+    # FederatedCLI replaces `_parse_ckpt_path` so that a checkpoint file never rewrites the config (nor picks the
+    # class to import). If Lightning renames it, or re-parses from another place, a file would override the
+    # command line again and the fingerprint check would see no change.
+    from lightning.pytorch import cli as lightning_cli
+
+    from lightning_fed.cli.main import FederatedCLI
+
+    assert "self._parse_ckpt_path()" in inspect.getsource(lightning_cli.LightningCLI.__init__)
+    assert '"hyper_parameters"' in inspect.getsource(lightning_cli.LightningCLI._parse_ckpt_path)
+    module_source = inspect.getsource(lightning_cli)
+    assert module_source.count("hyper_parameters") == 1, "Lightning reads checkpoint hyperparameters elsewhere too"
+    assert module_source.count("torch.load(") == 1, "Lightning's CLI loads a checkpoint elsewhere too"
+    assert FederatedCLI._parse_ckpt_path is not lightning_cli.LightningCLI._parse_ckpt_path
