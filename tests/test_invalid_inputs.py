@@ -102,6 +102,13 @@ CASES = [
     ("seed_everything_negative", ["--seed_everything", "-1"], "seed_everything"),
     ("seed_everything_too_large", ["--seed_everything", "4294967296"], "seed_everything"),
     ("missing_config_file", ["--config", "{root}/missing.yaml"], "config"),
+    # A config names a function that runs a command (it would write `marker` in the root that must stay empty)
+    (
+        "callable_runs_a_command",
+        [f"{CB}helpers.calling.CallsOnBuild", "--trainer.callbacks.call", "os.system"]
+        + ["--trainer.callbacks.argument", "touch {root}/marker"],
+        "`trainer.callbacks.init_args.call` must be an import path that configs may import, and 'os' is denied",
+    ),
     # Aggregators
     ("aggregator_unknown_class", [AGG, "Nope"], "trainer.aggregator"),
     ("fedavg_weighting", [AGG, "FedAvg", f"{AGG}.weighting", "bogus"], "trainer.aggregator.init_args.weighting"),

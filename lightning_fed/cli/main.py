@@ -18,6 +18,8 @@ stderr that names the setting by its config path, the value given and what is al
 from __future__ import annotations
 
 import importlib
+import inspect
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -25,12 +27,20 @@ from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, cast
 
+from jsonargparse import set_parsing_settings
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from typing_extensions import override
 
 from lightning_fed.checks import InvalidArgumentError
-from lightning_fed.cli.errors import HeldOutput, error_line, report, traceback_requested
+from lightning_fed.cli.errors import (
+    HeldOutput,
+    error_line,
+    exception_chain,
+    parser_error_line,
+    report,
+    traceback_requested,
+)
 from lightning_fed.datamodules.base import FederatedDataModule
 from lightning_fed.hooks import FedCallback, federated_trainer
 from lightning_fed.run.reporting import resolve_run_dir
@@ -68,6 +78,25 @@ class SaveConfigToRunDir(SaveConfigCallback):
         write_text_atomic(run_dir / self.config_filename, self.parser.dump(self.config, skip_none=False))
 
 
+#: Import paths that a config may not name, besides jsonargparse's own deny-list (``os``, ``subprocess``, ``shutil``,
+#: ``pickle``, ``importlib``, ``functools``, ``builtins.eval``, ...): each downloads, compiles or unpickles code.
+EXTRA_DENIED_IMPORT_PATHS = ("torch.hub", "torch.utils.cpp_extension", "pandas.read_pickle", "dill", "cloudpickle")
+
+
+def enforce_import_denylist() -> None:
+    """Makes jsonargparse refuse a config that names a denied import path, instead of only warning.
+
+    A ``Callable`` argument takes the dotted path of any function, so without this a config could hand ``os.system``
+    to, say, a dataset's ``is_valid_file`` and run a command for every file name while it is built. jsonargparse
+    checks such paths against its deny-list but, until version 5, only warns (and the CLI holds warnings back);
+    giving it any deny-list turns the check into an error, which ``main`` reports in one line before anything runs.
+    The setting is process-wide, as jsonargparse's settings are (and enforcing is jsonargparse 5's default). An
+    older jsonargparse without the deny-list has nothing to enforce: there a config can name any function.
+    """
+    if "import_path_denylist" in inspect.signature(set_parsing_settings).parameters:
+        set_parsing_settings(import_path_denylist=list(EXTRA_DENIED_IMPORT_PATHS))
+
+
 class FederatedCLI(LightningCLI):
     """LightningCLI whose trainer is :class:`~lightning_fed.FederatedTrainer`.
 
@@ -79,6 +108,7 @@ class FederatedCLI(LightningCLI):
     def __init__(self, *args: Any, progress: CLIProgress | None = None, **kwargs: Any) -> None:
         # Set first: LightningCLI's constructor parses, builds and runs, and `main` reports a failure by stage.
         self.progress = progress if progress is not None else CLIProgress()
+        enforce_import_denylist()
         kwargs.setdefault("save_config_callback", SaveConfigToRunDir)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True, "save_to_log_dir": False})
         # Positional arguments after the two classes are LightningCLI's own (save_config_callback, ...); the
@@ -104,8 +134,20 @@ class FederatedCLI(LightningCLI):
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parses, then checks the settings that no constructor sees (``seed_everything``, output directories)."""
-        super().parse_arguments(parser, args)
+        """Parses, then checks the settings that no constructor sees (``seed_everything``, output directories).
+
+        Raises:
+            InvalidArgumentError: A config entry names an import path that configs may not import
+                (:func:`enforce_import_denylist`), named by its config path.
+        """
+        try:
+            super().parse_arguments(parser, args)
+        except Exception as error:
+            # jsonargparse's `ImportDenied` (an ImportError) is private: it is known by its message.
+            denied = next((_DENIED.search(str(link)) for link in exception_chain(error) if _is_denial(link)), None)
+            if denied is None:
+                raise
+            raise _denied_import_error(error, *denied.groups()) from error
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         self.progress.config, self.progress.subcommand = config, subcommand
@@ -198,6 +240,26 @@ class CLIProgress:
         """The checks have passed: the run starts, and what was held back is printed."""
         self.stage = "running"
         self.held.release()
+
+
+_DENIED = re.compile(r"Importing '([^']+)' is not allowed, denied by the '([^']+)' entry")
+
+
+def _is_denial(error: BaseException) -> bool:
+    return isinstance(error, ImportError) and _DENIED.search(str(error)) is not None
+
+
+def _denied_import_error(error: BaseException, path: str, entry: str) -> InvalidArgumentError:
+    """The one-line error for a config entry that names the denied import ``path``, by the entry's config path."""
+    # jsonargparse names the entry only in its nested parse error; its one-line summary starts with the path.
+    name = re.match(r"`([^`]+)`", parser_error_line(str(error)))
+    return InvalidArgumentError(
+        name.group(1) if name else "config",
+        path,
+        f"an import path that configs may import, and {entry!r} is denied (configs may not name code that runs"
+        " commands, changes files or loads code: os, subprocess, shutil, pickle, importlib, ...; see"
+        ' "Configs are code" in the README)',
+    )
 
 
 def check_config(config: Any) -> None:
