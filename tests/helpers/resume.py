@@ -25,13 +25,13 @@ def run_script(*args: str) -> subprocess.CompletedProcess:
 
 
 def run_script_until_sigterm(
-    marker: Path, *args: str, command: list[str] | None = None, timeout: float = 300
+    marker: Path, *args: str, command: list[str] | None = None, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:
     """Starts a run that pauses at a client boundary (it writes ``marker`` and waits for ``marker.go``), sends it a
     real SIGTERM with ``os.kill`` once it has paused, lets it go on, and returns how it ended. ``command``: the run to
-    start (default: ``resume_run.py`` with ``args``)."""
+    start (default: ``resume_run.py`` with ``args``); ``env``: its environment."""
     command = command if command is not None else [sys.executable, str(SCRIPT), *args]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as process:
         deadline = time.monotonic() + timeout
         while not marker.exists():
             if process.poll() is not None or time.monotonic() > deadline:

@@ -45,7 +45,8 @@ class Killer(FedCallback):
 
 class Pauser(FedCallback):
     """After the given client of the given round: writes ``marker`` (the round's index), waits for ``marker.go``.
-    Every trained client is appended to ``marker.clients`` as ``round/client``."""
+    Every trained client is appended to ``marker.clients`` as ``round/client``. With several processes only rank 0
+    waits."""
 
     def __init__(self, round_idx: int, client_index: int, marker: str | None) -> None:
         self.round_idx, self.client_index, self.marker = round_idx, client_index, marker
@@ -59,7 +60,7 @@ class Pauser(FedCallback):
             return
         with open(self.marker + ".clients", "a") as log:
             log.write(f"{client_ctx.round_idx}/{client_ctx.client_id}\n")
-        if client_ctx.round_idx == self.round_idx and self.seen == self.client_index:
+        if client_ctx.round_idx == self.round_idx and self.seen == self.client_index and trainer.global_rank == 0:
             wait_for_go(self.marker, client_ctx.round_idx)
         self.seen += 1
 
