@@ -7,6 +7,7 @@ writes a marker file), the test sends SIGTERM with ``os.kill`` and lets the run 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,24 @@ def test_sigterm_stops_at_the_next_client_and_resumes_bit_identical(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert reference.wait(timeout=300) == 0, reference.stderr.read()[-4000:] if reference.stderr else ""
     assert_same_end_state(reference_dir / "out.pt", root / "out.pt", rounds_run_here=2)
+
+
+def test_lightning_fed_fit_exits_143_on_sigterm(tmp_path):
+    marker = tmp_path / "paused"
+    pauser = tmp_path / "pauser.yaml"
+    pauser.write_text(
+        "trainer:\n  callbacks:\n    - class_path: helpers.resume_run.Pauser\n"
+        f"      init_args: {{round_idx: 1, client_index: 0, marker: '{marker}'}}\n"
+    )
+    config = TESTS.parent / "configs" / "quickstart.yaml"
+    command = [sys.executable, "-m", "lightning_fed.cli.main", "fit", "--config", str(config), "--config", str(pauser)]
+    command += ["--trainer.num_rounds", "3", "--trainer.clients_per_round", "3", "--trainer.local_epochs", "1"]
+    command += ["--data.init_args.num_samples", "1000", "--trainer.logger", "false"]
+    command += ["--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}
+    stopped = run_script_until_sigterm(marker, command=command, env=env)
+    assert stopped.returncode == 143, stopped.stderr[-4000:]
+    assert _sigterm_lines(stopped.stderr) == [LINE.format(1)]
+    assert "Traceback" not in stopped.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt", "round0000.ckpt"]
