@@ -8,12 +8,19 @@ writes a marker file), the test sends SIGTERM with ``os.kill`` and lets the run 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import lightning.pytorch as L
+import pytest
 import torch
+from helpers.boring import BoringClassifier, make_datamodule
 from helpers.resume import SCRIPT, assert_same_end_state, run_script, run_script_until_sigterm
+
+from lightning_fed import FedCallback, FederatedTrainer
+from lightning_fed.trainer import FitInterrupted
 
 LINE = "lightning-fed: interrupted by SIGTERM after round {}; resume with --ckpt_path last"
 TESTS = Path(__file__).parent
@@ -77,3 +84,29 @@ def test_lightning_fed_fit_exits_143_on_sigterm(tmp_path):
     assert "Traceback" not in stopped.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt", "round0000.ckpt"]
+
+
+def test_fit_raises_fit_interrupted_and_restores_the_signal_handler(tmp_path):
+    class Terminate(FedCallback):
+        def on_client_end(self, trainer, pl_module, client_ctx, update):
+            if client_ctx.round_idx == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    L.seed_everything(0)
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = FederatedTrainer(
+        num_rounds=3,
+        clients_per_round=3,
+        callbacks=[Terminate()],
+        default_root_dir=str(tmp_path),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
+    with pytest.raises(FitInterrupted) as stopped:
+        trainer.fit(BoringClassifier(), datamodule=make_datamodule(num_clients=4))
+    assert stopped.value.code == 143 and stopped.value.completed_rounds == 1
+    assert trainer.federation_state.completed_rounds == 1 and len(trainer.federation_state.history) == 1
+    assert signal.getsignal(signal.SIGTERM) == before
