@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_fed.aggregators import Aggregator, FedAvg
 from lightning_fed.context import FederationState, RoundResult
@@ -41,6 +44,29 @@ from lightning_fed.run.setup_checks import (
     check_round_settings,
 )
 from lightning_fed.run.trainer_defaults import checkpoints_without_dir, default_callbacks, with_atomic_checkpoints
+
+
+class FitInterrupted(SIGTERMException):
+    """Raised by :meth:`FederatedTrainer.fit` when SIGTERM stopped it; a ``SystemExit`` with status 143 (128 + 15).
+
+    The rounds stop at the next client boundary (every rank at the same one); the interrupted round is neither
+    checkpointed nor counted, so the last checkpoint is the last completed round's and ``ckpt_path="last"`` resumes
+    from it, bit-identical to a run that was never interrupted. Uncaught, it ends a script (or ``lightning-fed``)
+    with status 143 and no traceback, as schedulers expect of a process stopped by SIGTERM; it is a subclass of
+    Lightning's ``SIGTERMException``. Catch it to tell an interrupted fit from a finished one::
+
+        try:
+            trainer.fit(module, datamodule=datamodule)
+        except FitInterrupted as stopped:
+            print(f"{stopped.completed_rounds} rounds done")
+
+    Attributes:
+        completed_rounds: Rounds completed (and checkpointed, with the default per-round checkpoint).
+    """
+
+    def __init__(self, completed_rounds: int) -> None:
+        super().__init__(128 + signal.SIGTERM)
+        self.completed_rounds = completed_rounds
 
 
 class FederatedTrainer(Trainer):
@@ -164,6 +190,10 @@ class FederatedTrainer(Trainer):
     ) -> None:
         """Runs the federated rounds in a run directory of the fit's own (see ``run_dir``).
 
+        On SIGTERM the rounds stop at the next client boundary: global rank zero prints ``lightning-fed:
+        interrupted by SIGTERM after round k; resume with --ckpt_path last`` on stderr and :class:`FitInterrupted`
+        (a ``SystemExit`` with status 143) is raised on every rank.
+
         Args:
             model: The ``LightningModule`` to train.
             train_dataloaders: A :class:`~lightning_fed.datamodules.FederatedDataModule` may be passed here.
@@ -185,12 +215,15 @@ class FederatedTrainer(Trainer):
         self.session.start(fingerprint, restored=target.checkpoint is not None)
         run_dir = Path(self.run_dir) if self.run_dir else target.run_dir or new_run_dir(self)
         open_run(self, run_dir, self.session.run_checkpoints)
-        super().fit(
-            model,
-            datamodule=datamodule,
-            ckpt_path=target.checkpoint,
-            weights_only=True if weights_only is None else weights_only,
-        )
+        try:
+            super().fit(
+                model,
+                datamodule=datamodule,
+                ckpt_path=target.checkpoint,
+                weights_only=True if weights_only is None else weights_only,
+            )
+        except SIGTERMException as stop:
+            raise self._interrupted() from stop
         reporter = self.session.reporter
         if reporter is not None and self.is_global_zero:
             reporter.print_final(self.session.summary_path)
@@ -226,6 +259,17 @@ class FederatedTrainer(Trainer):
         result = super().test(model, dataloaders, checkpoint, verbose, datamodule, weights_only is not False)
         distributed.destroy_process_group_at_exit()
         return result
+
+    def _interrupted(self) -> FitInterrupted:
+        """Says, once, how far an interrupted fit got and how to resume it; the exception to raise."""
+        completed = self.federation_state.completed_rounds
+        if self.is_global_zero:
+            print(
+                f"lightning-fed: interrupted by SIGTERM after round {completed}; resume with --ckpt_path last",
+                file=sys.stderr,
+                flush=True,
+            )
+        return FitInterrupted(completed)
 
     @property
     def fed_runner(self) -> RoundRunner | None:

@@ -12,12 +12,14 @@ runs this half on its share of the clients, and the server half combines the sha
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.fabric.utilities.apply_func import apply_to_collection
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.optim import Optimizer
@@ -34,6 +36,10 @@ from lightning_fed.functional.state_dict import StateDict, all_finite, clone_sta
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView
+
+#: Asked at every client boundary with whether this share has clients left; answers whether to stop the round and
+#: whether any share has clients left (with several processes every rank asks the same number of times).
+Boundary = Callable[[bool], tuple[bool, bool]]
 
 
 @dataclass
@@ -67,6 +73,8 @@ class ClientHalf:
         live: The module's live state (``state_dict(keep_vars=True)``).
         steps: Counts the clients' optimizer steps.
         hooks: Calls the callbacks' federated hooks.
+        boundary: Asked before each client (or batched group), and once more after the last, whether to stop the
+            round (SIGTERM); ``None`` never stops.
     """
 
     def __init__(
@@ -76,12 +84,14 @@ class ClientHalf:
         live: StateDict,
         steps: StepCounter,
         hooks: HookDispatcher,
+        boundary: Boundary | None = None,
     ) -> None:
         self.trainer = trainer
         self.module = module
         self.live = live
         self.steps = steps
         self.hooks = hooks
+        self.boundary: Boundary = boundary if boundary is not None else _never_stop
         self.datamodule = trainer.datamodule
         self.local = LocalTrainer(trainer, module, mode="client", steps=steps)
         self.batched = ClientGroups(trainer, module, steps, hooks)
@@ -93,13 +103,19 @@ class ClientHalf:
 
         Each accepted update reaches ``aggregator.update`` as soon as its client is done (memory stays O(model)),
         unless an ``on_client_end`` hook holds it back; held updates go through ``on_clients_end`` first.
+
+        Raises:
+            SIGTERMException: A stop was agreed at a client boundary (Lightning's exception for SIGTERM). The round
+                is abandoned: the clients after the boundary do not train, the module holds the round's global
+                model again, and nothing of the round is aggregated or counted. Client-store writes of the clients
+                that finished stay in memory; the process is meant to exit and resume from the last checkpoint.
         """
         bytes_before = (round_ctx.bytes_up, round_ctx.bytes_down)
         rejected_before = len(round_ctx.rejected)
         self.steps.start_round()
         share = ClientShare()
         held: list[ClientUpdate] = []
-        for group in self.batched.groups(client_ids):
+        for group in self._groups_until_stopped(round_ctx, client_ids):
             updates = (
                 self._train_group(round_ctx, group) if len(group) > 1 else [self._train_client(round_ctx, group[0])]
             )
@@ -114,6 +130,25 @@ class ClientHalf:
         share.bytes_up = round_ctx.bytes_up - bytes_before[0]
         share.bytes_down = round_ctx.bytes_down - bytes_before[1]
         return share
+
+    def _groups_until_stopped(self, round_ctx: RoundContext, client_ids: list[int]) -> Iterator[list[int]]:
+        """This share's clients (or batched groups), each after a client boundary at which nobody asked to stop.
+
+        A share that is done keeps passing boundaries (with several processes: answering the collective) until no
+        share has clients left, so every rank stops at the same boundary. Once every client of the round has
+        trained, the round finishes even if a stop was asked for: the next round's first boundary stops.
+        """
+        groups = iter(self.batched.groups(client_ids))
+        while True:
+            group = next(groups, None)
+            stop, more = self.boundary(group is not None)
+            if not more:
+                return
+            if stop:
+                copy_state_(self.live, round_ctx.global_params)
+                raise SIGTERMException
+            if group is not None:
+                yield group
 
     def _train_client(self, round_ctx: RoundContext, client_id: int) -> ClientUpdate | None:
         store = round_ctx.store
@@ -252,4 +287,8 @@ class ClientHalf:
         return optimizer
 
 
-__all__ = ["ClientHalf", "ClientShare"]
+def _never_stop(more: bool) -> tuple[bool, bool]:
+    return False, more
+
+
+__all__ = ["Boundary", "ClientHalf", "ClientShare"]

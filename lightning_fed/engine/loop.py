@@ -5,12 +5,19 @@ trackers). Lightning 2.x removed the public loop-customisation API; replacing ``
 everything else of ``Trainer.fit``: epoch hooks, the validation loop, ModelCheckpoint and EarlyStopping, LR
 schedulers stepped per epoch (= per round), loggers, and checkpoint save/restore. ``tests/test_lightning_canary.py``
 fails loudly if these internals move.
+
+It also owns SIGTERM while the rounds run (:class:`SigtermWatch`): a signal stops the fit at the next client
+boundary, where every rank agrees to stop, instead of wherever Lightning's own checks would see it.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
+import torch
 from lightning.pytorch.loops.fetchers import _DataFetcher
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from typing_extensions import override
@@ -18,6 +25,7 @@ from typing_extensions import override
 from lightning_fed.engine.round import RoundRunner
 from lightning_fed.engine.step_counter import StepCounter
 from lightning_fed.hooks import FederatedTrainerView
+from lightning_fed.parallel import distributed
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -46,6 +54,49 @@ class RoundHost(FederatedTrainerView, Protocol):
         ...
 
 
+class SigtermWatch:
+    """Records SIGTERM while the rounds run; the client half asks it at every client boundary whether to stop.
+
+    Lightning's own handler is replaced for the rounds (Lightning's teardown restores the handlers it found when the
+    fit ends): with several processes it broadcasts from inside the handler, which can pair with whatever
+    collective the round is in, and its loops check the flag where the ranks do not agree (in the middle of
+    validation). Here the handler only records the signal (and passes it on to the processes the strategy launched,
+    as Lightning's does), and the ranks agree at a client boundary: one ``all_reduce`` of two numbers, whether any
+    rank received the signal and whether any rank has clients left. Every rank passes the same number of
+    boundaries, so a rank that has trained its share keeps answering until the others finish theirs.
+
+    A signal that arrives after a round's last client lets that round finish (aggregate, validation, checkpoint,
+    ``on_round_end``); the fit stops at the first boundary of the next round, or ends normally after the last round.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        self._launcher: Any = None
+
+    def install(self, trainer: Trainer) -> None:
+        """Takes over SIGTERM for this fit's rounds, keeping a signal Lightning recorded before them."""
+        if (
+            signal.getsignal(signal.SIGTERM) == self._record
+            or threading.current_thread() is not threading.main_thread()
+        ):
+            return
+        self.received = bool(trainer.received_sigterm)
+        self._launcher = trainer.strategy.launcher
+        signal.signal(signal.SIGTERM, self._record)
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        if not self.received and self._launcher is not None:
+            self._launcher.kill(signum)
+        self.received = True
+
+    def at_boundary(self, more: bool) -> tuple[bool, bool]:
+        """At a client boundary: whether any rank received SIGTERM (stop), and whether any rank has clients left
+        (``more``: this rank's). Every rank calls it the same number of times in a round."""
+        flags = torch.tensor([float(self.received), float(more)])
+        distributed.all_reduce_sum_([flags])
+        return bool(flags[0] > 0), bool(flags[1] > 0)
+
+
 class _RoundLoop(_TrainingEpochLoop):
     """Runs one federated round where Lightning would run one training epoch.
 
@@ -56,13 +107,16 @@ class _RoundLoop(_TrainingEpochLoop):
     def __init__(self, trainer: Trainer) -> None:
         super().__init__(trainer, min_steps=None, max_steps=-1)
         self.runner: RoundRunner | None = None
+        self.sigterm = SigtermWatch()
 
     @override
     def run(self, data_fetcher: _DataFetcher) -> None:
         trainer: RoundHost = self.trainer  # type: ignore[assignment]
         if self.runner is None:
             trainer.start_federation()
-            self.runner = RoundRunner(trainer, trainer.lightning_module, StepCounter(self._count_step))
+            steps = StepCounter(self._count_step)
+            self.runner = RoundRunner(trainer, trainer.lightning_module, steps, self.sigterm.at_boundary)
+        self.sigterm.install(self.trainer)
         round_idx = trainer.current_epoch
         # A checkpoint saved in `on_validation_end` is taken after the round finished but before Lightning counted
         # the epoch as processed: on resume Lightning re-enters this epoch, and the round must not run twice.

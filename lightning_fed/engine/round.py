@@ -19,7 +19,7 @@ from lightning.pytorch import LightningModule
 
 from lightning_fed.context import ClientContext, FederationState, RoundResult
 from lightning_fed.engine.batched.training import ClientGroups
-from lightning_fed.engine.client_half import ClientHalf
+from lightning_fed.engine.client_half import Boundary, ClientHalf
 from lightning_fed.engine.dispatch import HookDispatcher
 from lightning_fed.engine.evaluator import RoundEvaluator
 from lightning_fed.engine.local_training import LocalTrainer
@@ -45,14 +45,22 @@ class RoundRunner:
         trainer: The federated trainer (settings, sampler, aggregator, callbacks, federation state).
         module: The user's LightningModule.
         steps: Counts the clients' optimizer steps (``global_step``).
+        boundary: Asked at every client boundary whether to stop the round (see
+            :class:`~lightning_fed.engine.client_half.ClientHalf`); ``None`` never stops.
     """
 
-    def __init__(self, trainer: FederatedTrainerView, module: LightningModule, steps: StepCounter) -> None:
+    def __init__(
+        self,
+        trainer: FederatedTrainerView,
+        module: LightningModule,
+        steps: StepCounter,
+        boundary: Boundary | None = None,
+    ) -> None:
         self.trainer = trainer
         self.module = module
         self.live: StateDict = module.state_dict(keep_vars=True)
         self.hooks = HookDispatcher(trainer, module)
-        self.client = ClientHalf(trainer, module, self.live, steps, self.hooks)
+        self.client = ClientHalf(trainer, module, self.live, steps, self.hooks, boundary)
         evaluator = RoundEvaluator(trainer, module, self.live, self.client.local.buffer, self.hooks.call)
         self.server = ServerHalf(trainer, module, self.live, steps, self.hooks, evaluator)
         self._plain = LocalTrainer(trainer, module, mode="plain")
@@ -78,7 +86,8 @@ class RoundRunner:
 
         With several processes every rank runs both halves with the same sampled clients and trains its share of
         them in the client half; the server half combines the shares, so every rank leaves the round in the same
-        state.
+        state. A stop agreed at a client boundary abandons the round (Lightning's ``SIGTERMException``; see
+        :meth:`ClientHalf.run <lightning_fed.engine.client_half.ClientHalf.run>`).
         """
         started = time.perf_counter()
         round_ctx = self.server.open_round(round_idx)

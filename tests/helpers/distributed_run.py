@@ -1,12 +1,13 @@
 """A small federated run on 1 process or on N CPU processes (``strategy="ddp"``, gloo); used by the distributed tests.
 
 Usage: python distributed_run.py ROOT OUT --devices N --algorithm NAME [--rounds N] [--resume]
-[--kill-round R --kill-client-index I]
+[--kill-round R --kill-client-index I] [--pause-round R --pause-client-index I --marker PATH]
 
 Every rank writes ``OUT.rank<r>`` with its final weights, client store, callback and aggregator states, the round
 history, each client's locally trained model per round (only for the clients it trained), and ``global_step``.
 ``--kill-round`` SIGKILLs the whole process group (every rank, as a crashed node would) when rank 0 has finished
-its ``--kill-client-index``-th client of that round. In-process callers use :func:`fit` directly.
+its ``--kill-client-index``-th client of that round; ``--pause-round`` makes rank 0 wait there instead, for a test
+to send a real signal (``Pauser`` in ``resume_run.py``). In-process callers use :func:`fit` directly.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torchmetrics.classification import MulticlassAccuracy
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from helpers.boring import NUM_CLASSES, BoringClassifier, make_datamodule
+from helpers.resume_run import Pauser
 from lightning_fed import FedCallback, FederatedTrainer
 from lightning_fed.aggregators import DPFedAvg, FedAdam, FedAvg, QFedAvg
 from lightning_fed.callbacks import FedCurv, FedProx, RFedAvg, Scaffold
@@ -224,6 +226,7 @@ def fit(
     kill: tuple[int, int] | None = None,
     resume: bool = False,
     num_rounds: int = NUM_ROUNDS,
+    pause: tuple[int, int, str] | None = None,
 ) -> tuple[FederatedTrainer, ClientModels]:
     torch.set_num_threads(1)
     L.seed_everything(0)
@@ -233,6 +236,7 @@ def fit(
     datamodule = make_datamodule(num_clients=6, num_samples=300, val_fraction=0.1, batch_size=16)
     models = ClientModels()
     extra = [Killer(*kill)] if kill is not None else []
+    extra += [Pauser(*pause)] if pause is not None else []
     trainer = FederatedTrainer(
         num_rounds=num_rounds,
         clients_per_round=CLIENTS_PER_ROUND.get(name, 4),
@@ -242,7 +246,7 @@ def fit(
         client_parallelism=2 if batched else 1,
         callbacks=[*callbacks, models, *extra],
         # When to crash is not part of the experiment: the resumed run has no Killer.
-        resume_allow_changes=["callbacks.Killer"],
+        resume_allow_changes=["callbacks.Killer", "callbacks.Pauser"],
         default_root_dir=root,
         run_dir=str(Path(root) / "run"),
         logger=RankLogger(root),
@@ -287,9 +291,13 @@ def main() -> None:
     parser.add_argument("--kill-client-index", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--rounds", type=int, default=NUM_ROUNDS)
+    parser.add_argument("--pause-round", type=int, default=-1)
+    parser.add_argument("--pause-client-index", type=int, default=0)
+    parser.add_argument("--marker", default=None)
     args = parser.parse_args()
     kill = (args.kill_round, args.kill_client_index) if args.kill_round >= 0 else None
-    trainer, models = fit(args.root, args.devices, args.algorithm, kill, args.resume, args.rounds)
+    pause = (args.pause_round, args.pause_client_index, args.marker) if args.pause_round >= 0 else None
+    trainer, models = fit(args.root, args.devices, args.algorithm, kill, args.resume, args.rounds, pause)
     torch.save(result(trainer, models), f"{args.out}.rank{trainer.global_rank}")
 
 

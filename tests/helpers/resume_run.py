@@ -1,6 +1,10 @@
 """A run that can kill itself (SIGKILL) mid-round and resume from `last`; used by the resume tests.
 
 Usage: python resume_run.py ROOT OUT [--kill-round R --kill-client-index I] [--resume]
+[--pause-round R --pause-client-index I --marker PATH]
+
+``--pause-round`` makes the run wait after that client (writing ``PATH``, then waiting for ``PATH.go``), so that a
+test can send it a real signal at a known client boundary.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import lightning.pytorch as L
@@ -36,6 +41,39 @@ class Killer(FedCallback):
         if client_ctx.round_idx == self.round_idx and self.seen == self.client_index:
             os.kill(os.getpid(), signal.SIGKILL)
         self.seen += 1
+
+
+class Pauser(FedCallback):
+    """After the given client of the given round: writes ``marker`` (the round's index), waits for ``marker.go``.
+    Every trained client is appended to ``marker.clients`` as ``round/client``. With several processes only rank 0
+    waits."""
+
+    def __init__(self, round_idx: int, client_index: int, marker: str | None) -> None:
+        self.round_idx, self.client_index, self.marker = round_idx, client_index, marker
+        self.seen = 0
+
+    def on_round_start(self, trainer, pl_module, round_ctx):
+        self.seen = 0
+
+    def on_client_end(self, trainer, pl_module, client_ctx, update):
+        if self.marker is None:
+            return
+        with open(self.marker + ".clients", "a") as log:
+            log.write(f"{client_ctx.round_idx}/{client_ctx.client_id}\n")
+        if client_ctx.round_idx == self.round_idx and self.seen == self.client_index and trainer.global_rank == 0:
+            wait_for_go(self.marker, client_ctx.round_idx)
+        self.seen += 1
+
+
+def wait_for_go(marker: str, round_idx: int) -> None:
+    """Writes ``marker``, waits (at most a minute) until ``marker.go`` exists, then a moment for a signal sent
+    before it to be handled."""
+    Path(marker).write_text(str(round_idx))
+    go = Path(marker + ".go")
+    deadline = time.monotonic() + 60
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)
 
 
 class Counter(FedCallback):
@@ -77,6 +115,9 @@ def main() -> None:
     parser.add_argument("--kill-round", type=int, default=-1)
     parser.add_argument("--kill-client-index", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--pause-round", type=int, default=-1)
+    parser.add_argument("--pause-client-index", type=int, default=0)
+    parser.add_argument("--marker", default=None)
     parser.add_argument("--callback", action="append", default=[], help="CLASS_PATH or CLASS_PATH=JSON_KWARGS")
     parser.add_argument("--aggregator", default=None, help="CLASS_PATH or CLASS_PATH=JSON_KWARGS")
     parser.add_argument("--momentum", type=float, default=0.9)
@@ -91,7 +132,12 @@ def main() -> None:
         clients_per_round=3,
         local_epochs=2,
         keep_optimizer_state=True,
-        callbacks=[counter, *map(build, args.callback), Killer(args.kill_round, args.kill_client_index)],
+        callbacks=[
+            counter,
+            *map(build, args.callback),
+            Killer(args.kill_round, args.kill_client_index),
+            Pauser(args.pause_round, args.pause_client_index, args.marker),
+        ],
         aggregator=build(args.aggregator) if args.aggregator else None,
         default_root_dir=args.root,
         logger=False,
@@ -99,8 +145,8 @@ def main() -> None:
         enable_model_summary=False,
         accelerator="cpu",
         devices=1,
-        # The killer's round and client are when to crash, not part of the experiment.
-        resume_allow_changes=["callbacks.Killer"],
+        # The killer's and the pauser's round and client are when to crash or wait, not part of the experiment.
+        resume_allow_changes=["callbacks.Killer", "callbacks.Pauser"],
     )
     trainer.fit(module, datamodule=datamodule, ckpt_path="last" if args.resume else None)
     torch.save(
