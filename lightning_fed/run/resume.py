@@ -13,6 +13,11 @@ A named run or file is checked against this configuration's fingerprint (:mod:`l
 difference not named in ``resume_allow_changes`` is an error listing each key with its old and new value.
 ``"last"`` with nothing to resume is an error too: a resume that silently starts afresh (or tests a random
 initialisation) is worse than no resume.
+
+A checkpoint is verified before it is used (:mod:`lightning_fed.run.integrity`: every zip entry's CRC, and the keys
+Lightning restores from). A run (by ``"last"``, its directory or its id) resumes from its newest intact checkpoint,
+warning about the damaged ones skipped; a file named by the user is refused when damaged, naming an intact checkpoint
+of its run. ``"last"`` skips, with a warning, a run none of whose checkpoints can be read.
 """
 
 from __future__ import annotations
