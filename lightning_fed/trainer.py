@@ -26,6 +26,7 @@ from lightning_fed.parallel.distributed import check_world_size
 from lightning_fed.run.checkpoint_state import federated_checkpoint, restore_federated_checkpoint
 from lightning_fed.run.fingerprint import Fingerprint, experiment_fingerprint
 from lightning_fed.run.identity import new_run_dir, open_run
+from lightning_fed.run.lock import RunLock
 from lightning_fed.run.reporting import RunReporter, publish_figure, resolve_run_dir
 from lightning_fed.run.resume import (
     evaluation_checkpoint,
@@ -215,6 +216,10 @@ class FederatedTrainer(Trainer):
         self.session.start(fingerprint, restored=target.checkpoint is not None)
         run_dir = Path(self.run_dir) if self.run_dir else target.run_dir or new_run_dir(self)
         open_run(self, run_dir, self.session.run_checkpoints)
+        # One writer per run directory; the ranks of one fit share it (the rank is known from the environment).
+        lock = RunLock(run_dir)
+        if self.global_rank == 0:
+            lock.acquire()
         try:
             super().fit(
                 model,
@@ -224,6 +229,8 @@ class FederatedTrainer(Trainer):
             )
         except SIGTERMException as stop:
             raise self._interrupted() from stop
+        finally:
+            lock.release()
         reporter = self.session.reporter
         if reporter is not None and self.is_global_zero:
             reporter.print_final(self.session.summary_path)

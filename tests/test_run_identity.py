@@ -131,6 +131,6 @@ def test_four_concurrent_fits_into_one_root_keep_their_runs_apart(tmp_path):
         assert summary["seed"] == seed and summary["fingerprint"]["model.lr"] == lr, run_dir
         assert summary["run_dir"] == str(run_dir) and summary["completed_rounds"] == 2
         checkpoints = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
-        assert checkpoints == ["last.ckpt", "round0001.ckpt"], run_dir
+        assert checkpoints == ["last.ckpt", "round0000.ckpt", "round0001.ckpt"], run_dir
         found.add((seed, lr))
     assert found == set(settings)

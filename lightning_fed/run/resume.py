@@ -13,6 +13,11 @@ A named run or file is checked against this configuration's fingerprint (:mod:`l
 difference not named in ``resume_allow_changes`` is an error listing each key with its old and new value.
 ``"last"`` with nothing to resume is an error too: a resume that silently starts afresh (or tests a random
 initialisation) is worse than no resume.
+
+A checkpoint is verified before it is used (:mod:`lightning_fed.run.integrity`: every zip entry's CRC, and the keys
+Lightning restores from). A run (by ``"last"``, its directory or its id) resumes from its newest intact checkpoint,
+warning about the damaged ones skipped; a file named by the user is refused when damaged, naming an intact checkpoint
+of its run. ``"last"`` skips, with a warning, a run none of whose checkpoints can be read.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_warn
@@ -35,6 +39,7 @@ from lightning_fed.run.fingerprint import (
     is_allowed,
 )
 from lightning_fed.run.identity import CHECKPOINTS_DIR, RUNS_DIR, checkpoint_dir, runs_root
+from lightning_fed.run.integrity import CorruptCheckpointError, checkpoint_files, describe, read_checkpoint
 
 if TYPE_CHECKING:
     from lightning.pytorch import LightningModule
@@ -66,44 +71,42 @@ class ResumeTarget:
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
-    """``<directory>/checkpoints/last.ckpt`` when it resolves to a file, else the newest ``*.ckpt`` there."""
-    folder = directory if directory.name == CHECKPOINTS_DIR else checkpoint_dir(directory)
-    return _newest_in(folder)
-
-
-def _newest_in(folder: Path) -> Path | None:
-    if not folder.is_dir():
-        return None
-    last = folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
-    if last.is_file():  # follows the link; a dangling `last.ckpt` is no checkpoint
-        return last
-    files = [path for path in folder.glob(f"*{ModelCheckpoint.FILE_EXTENSION}") if path.is_file()]
-    return max(files, key=lambda path: path.stat().st_mtime, default=None)
-
-
-def checkpoint_fingerprint(path: Path) -> Fingerprint | None:
-    """The experiment fingerprint a checkpoint carries; ``None`` for a checkpoint saved without one.
-
-    Raises:
-        ResumeError: When the file cannot be read as a checkpoint.
-    """
-    try:
-        # mmap: the tensors stay on disk, so reading the fingerprint of a large model costs no memory.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:
-        checkpoint = None  # not a zip checkpoint (the legacy format cannot be mapped): read it whole
-    except Exception as error:
-        raise ResumeError(f"`ckpt_path`: cannot read the checkpoint {path}: {error}") from error
-    if checkpoint is None:
+    """The newest intact checkpoint of ``directory`` (a run directory or a ``checkpoints/`` folder), in the order of
+    :func:`~lightning_fed.run.integrity.checkpoint_files`, skipping those that fail
+    :func:`~lightning_fed.run.integrity.read_checkpoint`; ``None`` when there is none."""
+    for path in checkpoint_files(_folder(directory)):
         try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:
-            raise ResumeError(f"`ckpt_path`: cannot read the checkpoint {path}: {error}") from error
+            read_checkpoint(path)
+        except CorruptCheckpointError:
+            continue
+        return path
+    return None
+
+
+def _folder(directory: Path) -> Path:
+    return directory if directory.name == CHECKPOINTS_DIR else checkpoint_dir(directory)
+
+
+def _fingerprint_of(checkpoint: Mapping[str, Any]) -> Fingerprint | None:
     try:
         fingerprint = checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]["federated"].get("fingerprint")
     except (KeyError, TypeError, AttributeError):
         return None
     return dict(fingerprint) if fingerprint is not None else None
+
+
+def checkpoint_fingerprint(path: Path) -> Fingerprint | None:
+    """The experiment fingerprint a checkpoint carries; ``None`` for a checkpoint saved without one.
+
+    Only the pickled structure is read (the tensors stay on disk, mapped); :func:`read_checkpoint` checks the CRCs.
+
+    Raises:
+        ResumeError: When the file cannot be read as a checkpoint.
+    """
+    try:
+        return _fingerprint_of(read_checkpoint(path, verify=False))
+    except CorruptCheckpointError as error:
+        raise ResumeError(f"`ckpt_path`: cannot read the checkpoint {error}") from error
 
 
 def compare(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -143,7 +146,7 @@ def resolve_ckpt_path(
     if path.is_file():
         parent = path.parent
         in_a_run = parent.name == CHECKPOINTS_DIR and parent.parent.parent.name == RUNS_DIR
-        return _checked(path, parent.parent if in_a_run else None, fingerprint, allowed)
+        return _named_file(path, parent.parent if in_a_run else None, fingerprint, allowed)
     by_id = runs_root(trainer) / text
     if "/" not in text and by_id.is_dir():
         return _named_run(by_id, f"run {text}", fingerprint, allowed)
@@ -154,14 +157,66 @@ def resolve_ckpt_path(
 
 
 def _named_run(run_dir: Path, what: str, fingerprint: Fingerprint, allowed: list[str]) -> ResumeTarget:
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:
+    files = checkpoint_files(checkpoint_dir(run_dir))
+    if not files:
         raise ResumeError(f"`ckpt_path`: {what} has no checkpoint in {checkpoint_dir(run_dir)} to resume from.")
-    return _checked(checkpoint, run_dir, fingerprint, allowed)
+    checkpoint, saved = _newest_intact(files)
+    return _checked(checkpoint, saved, run_dir, fingerprint, allowed)
 
 
-def _checked(checkpoint: Path, run_dir: Path | None, fingerprint: Fingerprint, allowed: list[str]) -> ResumeTarget:
-    saved = checkpoint_fingerprint(checkpoint)
+def _named_file(path: Path, run_dir: Path | None, fingerprint: Fingerprint, allowed: list[str]) -> ResumeTarget:
+    """A file named by the user resumes only as it is: a corrupt one is refused, offering an intact one of its run."""
+    try:
+        saved = _fingerprint_of(read_checkpoint(path))
+    except CorruptCheckpointError as error:
+        others = [other for other in checkpoint_files(path.parent) if other.resolve() != path.resolve()]
+        intact = _first_intact(others) if run_dir is not None else None
+        what = (
+            f"resume from the run's newest intact checkpoint instead (--ckpt_path {intact[0]}) or start a new run"
+            if intact is not None
+            else "start a new run (leave out `ckpt_path`) or restore the file from a copy"
+        )
+        raise ResumeError(f"Cannot resume from {describe(path)}: {error.reason}; {what}.") from error
+    return _checked(path, saved, run_dir, fingerprint, allowed)
+
+
+def _first_intact(files: list[Path]) -> tuple[Path, Fingerprint | None] | None:
+    for path in files:
+        try:
+            return path, _fingerprint_of(read_checkpoint(path))
+        except CorruptCheckpointError:
+            continue
+    return None
+
+
+def _newest_intact(files: list[Path]) -> tuple[Path, Fingerprint | None]:
+    """The newest of a run's ``files`` (newest first) that :func:`read_checkpoint` accepts, and its fingerprint; a
+    warning names the newer ones that were skipped and the one used.
+
+    Raises:
+        ResumeError: When none of them is intact.
+    """
+    failures: list[CorruptCheckpointError] = []
+    for path in files:
+        try:
+            saved = _fingerprint_of(read_checkpoint(path))
+        except CorruptCheckpointError as error:
+            failures.append(error)
+            continue
+        if failures:
+            skipped = "; ".join(f"{describe(failure.path)} ({failure.reason})" for failure in failures)
+            rank_zero_warn(f"Skipping the corrupt checkpoint {skipped}: resuming from the previous intact one, {path}.")
+        return path, saved
+    newest = failures[0]
+    raise ResumeError(
+        f"Cannot resume from {describe(newest.path)}: {newest.reason}, and its run has no earlier intact checkpoint;"
+        " start a new run (leave out `ckpt_path`) or restore the file from a copy."
+    )
+
+
+def _checked(
+    checkpoint: Path, saved: Fingerprint | None, run_dir: Path | None, fingerprint: Fingerprint, allowed: list[str]
+) -> ResumeTarget:
     if saved is None:
         rank_zero_warn(
             f"The checkpoint {checkpoint} carries no experiment fingerprint (it was saved by an older version):"
@@ -190,15 +245,28 @@ def _last(trainer: FederatedTrainer, fingerprint: Fingerprint, allowed: list[str
             "`ckpt_path` to start a new run, or check `default_root_dir`."
         )
     scored = []
-    for run_dir, checkpoint in candidates:
-        saved = checkpoint_fingerprint(checkpoint)
+    for run_dir, files in candidates:
+        readable = _first_readable(files)
+        if isinstance(readable, CorruptCheckpointError):
+            # Its configuration cannot be told: one damaged run must not block every other run of the root.
+            name = f"run {run_dir.name}" if run_dir is not None else f"the checkpoints in {files[0].parent}"
+            rank_zero_warn(f"`ckpt_path` 'last' skips {name}: none of its checkpoints can be read ({readable}).")
+            continue
+        checkpoint, saved = readable
         diff = {} if saved is None else compare(saved, fingerprint)
-        scored.append((_blocking(diff, allowed), diff, run_dir, checkpoint))
+        scored.append((_blocking(diff, allowed), run_dir, checkpoint, files))
+    if not scored:
+        raise ResumeError(
+            f"`ckpt_path` is 'last' but there is nothing to resume: none of the {len(candidates)} run(s) under "
+            f"{where} has a readable checkpoint. Leave out `ckpt_path` to start a new run."
+        )
     matching = [entry for entry in scored if not entry[0]]
     if matching:
-        _, diff, run_dir, checkpoint = max(matching, key=lambda entry: entry[3].stat().st_mtime)
-        return ResumeTarget(str(checkpoint), run_dir, diff)
-    blocking, _, run_dir, checkpoint = min(scored, key=lambda entry: (len(entry[0]), -entry[3].stat().st_mtime))
+        _, run_dir, _, files = max(matching, key=lambda entry: entry[2].stat().st_mtime)
+        # The fingerprint was read from the structure alone; the CRCs of the run's checkpoints are checked now.
+        checkpoint, saved = _newest_intact(files)
+        return _checked(checkpoint, saved, run_dir, fingerprint, allowed)
+    blocking, run_dir, checkpoint, _ = min(scored, key=lambda entry: (len(entry[0]), -entry[2].stat().st_mtime))
     closest = run_dir.name if run_dir is not None else str(checkpoint)
     raise ResumeError(
         f"`ckpt_path` is 'last' but none of the {len(scored)} run(s) under {where} has this configuration. "
@@ -208,18 +276,30 @@ def _last(trainer: FederatedTrainer, fingerprint: Fingerprint, allowed: list[str
     )
 
 
-def _candidates(trainer: FederatedTrainer) -> list[tuple[Path | None, Path]]:
-    """``(run dir, newest checkpoint)`` of every run that ``"last"`` may resume."""
+def _first_readable(files: list[Path]) -> tuple[Path, Fingerprint | None] | CorruptCheckpointError:
+    """The newest of ``files`` whose structure loads (CRCs unchecked: every run of the root is read), and its
+    fingerprint; else the newest file's error."""
+    errors: list[CorruptCheckpointError] = []
+    for path in files:
+        try:
+            return path, _fingerprint_of(read_checkpoint(path, verify=False))
+        except CorruptCheckpointError as error:
+            errors.append(error)
+    return errors[0]
+
+
+def _candidates(trainer: FederatedTrainer) -> list[tuple[Path | None, list[Path]]]:
+    """``(run dir, its checkpoints, newest first)`` of every run that ``"last"`` may resume."""
     if trainer.run_dir:
         run_dirs = [Path(trainer.run_dir)]
     else:
         root = runs_root(trainer)
         run_dirs = sorted(path for path in root.iterdir() if path.is_dir()) if root.is_dir() else []
-    found: list[tuple[Path | None, Path]] = []
+    found: list[tuple[Path | None, list[Path]]] = []
     for run_dir in run_dirs:
-        checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is not None:
-            found.append((run_dir, checkpoint))
+        files = checkpoint_files(checkpoint_dir(run_dir))
+        if files:
+            found.append((run_dir, files))
     # A checkpoint callback given a directory of its own keeps its runs' checkpoints there, as in plain Lightning.
     for callback in trainer.checkpoint_callbacks:
         if (
@@ -227,9 +307,9 @@ def _candidates(trainer: FederatedTrainer) -> list[tuple[Path | None, Path]]:
             and callback not in trainer.session.run_checkpoints
             and callback.dirpath
         ):
-            checkpoint = _newest_in(Path(callback.dirpath))
-            if checkpoint is not None:
-                found.append((None, checkpoint))
+            files = checkpoint_files(Path(callback.dirpath))
+            if files:
+                found.append((None, files))
     return found
 
 

@@ -1,5 +1,5 @@
-"""What a ``FederatedTrainer`` adds to Lightning's defaults: the round progress bar, a checkpoint every round, and
-atomic checkpoint writes."""
+"""What a ``FederatedTrainer`` adds to Lightning's defaults: the round progress bar, a checkpoint every round (the
+last two kept), and atomic checkpoint writes."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from lightning_fed.callbacks.progress import RoundProgressBar
 from lightning_fed.run.checkpoint_io import AtomicCheckpointIO
 
+# Rounds whose checkpoints the default ModelCheckpoint keeps in a run's `checkpoints/`.
+KEPT_ROUNDS = 2
+
 
 def default_callbacks(kwargs: dict[str, Any]) -> list[Callback]:
     """The user's callbacks plus the round progress bar and the per-round checkpoint, unless switched off."""
@@ -20,14 +23,20 @@ def default_callbacks(kwargs: dict[str, Any]) -> list[Callback]:
     if kwargs.get("enable_progress_bar") is not False and not any(isinstance(cb, ProgressBar) for cb in callbacks):
         callbacks.append(RoundProgressBar())
     if kwargs.get("enable_checkpointing") is not False and not any(isinstance(cb, ModelCheckpoint) for cb in callbacks):
-        # Lightning 2.6 writes `last` only alongside a top-k save; keeping the newest one and linking `last` to it
-        # costs one checkpoint write per round, and `--ckpt_path last` resumes from it. Its directory is the run
-        # directory's `checkpoints/`, set when a fit starts.
+        # Lightning 2.6 writes `last` only alongside a top-k save; keeping the two newest rounds (the highest
+        # `epoch`) and linking `last` to the newest costs one checkpoint write per round and two on disk, and a
+        # corrupt newest one leaves the round before it to resume from. Its directory is the run directory's
+        # `checkpoints/`, set when a fit starts.
         callbacks.append(
             ModelCheckpoint(
                 filename="round{epoch:04d}",
                 auto_insert_metric_name=False,
-                save_top_k=1,
+                monitor="epoch",
+                mode="max",
+                save_top_k=KEPT_ROUNDS,
+                # A round trained again after a resume replaces its file (and `last.ckpt` its link) rather than
+                # writing `-v1` copies beside them.
+                enable_version_counter=False,
                 save_last="link",
                 save_on_train_epoch_end=True,
             )
@@ -50,4 +59,4 @@ def with_atomic_checkpoints(plugins: Any) -> list[Any]:
     return plugins
 
 
-__all__ = ["checkpoints_without_dir", "default_callbacks", "with_atomic_checkpoints"]
+__all__ = ["KEPT_ROUNDS", "checkpoints_without_dir", "default_callbacks", "with_atomic_checkpoints"]

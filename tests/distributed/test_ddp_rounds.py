@@ -213,7 +213,7 @@ def test_batched_clients_two_processes_equal_one(two_process_runs, tmp_path):
 
 
 def test_killed_two_process_run_resumes_bit_identical(two_process_runs):
-    assert two_process_runs["killed_checkpoints"] == ["last.ckpt", "round0001.ckpt"]
+    assert two_process_runs["killed_checkpoints"] == ["last.ckpt", "round0000.ckpt", "round0001.ckpt"]
     resumed, reference = two_process_runs["resumed"], two_process_runs["stateful"]
     for rank in range(2):
         # Only the rounds after the checkpoint ran again.
