@@ -8,6 +8,7 @@ reuses a directory that already exists.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import time
@@ -18,6 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
 
 from lightning_fed.loggers.wandb import place_wandb_run, wandb_loggers, wandb_run_id
+from lightning_fed.run.setup_checks import write_problem
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -76,8 +78,21 @@ def open_run(trainer: FederatedTrainer, run_dir: Path, checkpoint_callbacks: lis
     """Points what a fit writes at ``run_dir``: the checkpoint callbacks that were given no ``dirpath`` and the W&B
     loggers that have not started their run yet (their directory, and their id when they have none).
 
-    Nothing is created on disk here: the run directory appears with the first file written into it.
+    Nothing is created on disk here: the run directory appears with the first file written into it. A run directory
+    that could not be written is refused here, before the first round (and before W&B, which would fall back to a
+    temporary directory outside the run, starts).
+
+    Raises:
+        PermissionError: ``run_dir`` cannot be created or written (permissions, a read-only file system).
     """
+    problem = write_problem(run_dir)
+    if problem is not None:
+        code = errno.EROFS if "read-only" in problem else errno.EACCES
+        raise PermissionError(
+            code,
+            f"cannot write the run directory {run_dir}: {problem}; choose a writable `default_root_dir` (or `run_dir`)",
+            str(run_dir),
+        )
     trainer.session.run_dir = run_dir
     for callback in checkpoint_callbacks:
         # As ModelCheckpoint stores a dirpath given to it, so that a resumed run's saved dirpath compares equal.

@@ -103,6 +103,33 @@ def check_output_dir(name: str, path: str | os.PathLike[str] | None) -> None:
         if candidate.exists() and not candidate.is_dir():
             where = "" if candidate == given else f" ({candidate} is a file)"
             raise InvalidArgumentError(name, str(path), f"a directory, not an existing file{where}")
+    problem = write_problem(given)
+    if problem is not None:
+        raise InvalidArgumentError(name, str(path), f"a directory this process can write to ({problem})")
+
+
+def write_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why this process could not create files in or under ``path``, or ``None`` when it can (as far as ``access(2)``
+    tells without writing anything: permissions, a read-only file system; root passes permission bits).
+
+    The directory that decides is the nearest one that exists: ``path`` itself, or the parent it would be created
+    in. Remote paths (``s3://...``) are left to their file system.
+    """
+    if "://" in str(path):
+        return None
+    given = Path(path).absolute()
+    existing = next((candidate for candidate in (given, *given.parents) if candidate.exists()), None)
+    if existing is None or not existing.is_dir():
+        return None  # a file on the way is `check_output_dir`'s to report; mkdir will say what else is wrong
+    if os.access(existing, os.W_OK | os.X_OK):
+        return None
+    try:
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return f"{existing} is on a read-only file system"
+    return f"no permission to write in {existing}"
 
 
 def check_num_classes(model: Any, datamodule: Any, name: str = "num_classes") -> None:
