@@ -35,6 +35,7 @@ from lightning_fed.datamodules.base import FederatedDataModule
 from lightning_fed.hooks import FedCallback, federated_trainer
 from lightning_fed.run.reporting import resolve_run_dir
 from lightning_fed.run.setup_checks import (
+    check_checkpoint_path,
     check_clients_per_round,
     check_epoch_args,
     check_lightning_settings,
@@ -191,6 +192,7 @@ class CLIProgress:
 def check_config(config: Any) -> None:
     """Checks the parsed settings that no constructor checks, by their config paths."""
     check_seed_everything("seed_everything", config.get("seed_everything"))
+    check_checkpoint_path("ckpt_path", config.get("ckpt_path"))
     trainer = config.get("trainer")
     if trainer is None:
         return

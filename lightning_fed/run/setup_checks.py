@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import pickle
+import re
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from lightning.pytorch import LightningDataModule, LightningModule
 from torch import nn
 
@@ -130,6 +134,44 @@ def write_problem(path: str | os.PathLike[str]) -> str | None:
     if read_only:
         return f"{existing} is on a read-only file system"
     return f"no permission to write in {existing}"
+
+
+_UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+
+
+def check_checkpoint_path(name: str, value: Any) -> None:
+    """A ``ckpt_path`` that names an existing file must be a checkpoint that torch loads with ``weights_only=True``;
+    one that names a directory must hold a checkpoint (in it, or in its ``checkpoints/``).
+
+    Checked when the command line is parsed, before Lightning reads the file: a text file would otherwise fail deep
+    in torch's unpickler (``IndexError: pop from empty list``), and a pickle that would run code when loaded is
+    refused by a page of torch's advice. Names that are no path (``last``, a run id) are left to the resume.
+    """
+    if value is None or not isinstance(value, (str, os.PathLike)):
+        return
+    path = Path(value)
+    if path.is_dir():
+        folders = (path, path / "checkpoints")
+        if not any(folder.is_dir() and any(folder.glob("*.ckpt")) for folder in folders):
+            allowed = f"a checkpoint file, or a run directory with a checkpoint (none in {path} or {path}/checkpoints)"
+            raise InvalidArgumentError(name, str(value), allowed)
+        return
+    if not path.is_file():
+        return
+    try:
+        # mmap: the tensors stay on disk, so checking a large checkpoint costs no memory.
+        torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except pickle.UnpicklingError as error:
+        unsafe = _UNSAFE_GLOBAL.search(str(error))
+        if unsafe is None:
+            raise InvalidArgumentError(name, str(value), "a checkpoint (torch cannot read this file as one)") from error
+        allowed = (
+            f"a safe checkpoint: unpickling this file would call `{unsafe.group(1)}`, which torch's safe loader"
+            " (weights_only) refuses; it was not written by lightning-fed or Lightning, and loading it could run code"
+        )
+        raise InvalidArgumentError(name, str(value), allowed) from error
+    except Exception as error:
+        raise InvalidArgumentError(name, str(value), "a checkpoint (torch cannot read this file as one)") from error
 
 
 def check_num_classes(model: Any, datamodule: Any, name: str = "num_classes") -> None:
