@@ -33,6 +33,7 @@ from lightning_fed.checks import InvalidArgumentError
 from lightning_fed.cli.errors import HeldOutput, error_line, report, traceback_requested
 from lightning_fed.datamodules.base import FederatedDataModule
 from lightning_fed.hooks import FedCallback, federated_trainer
+from lightning_fed.run.identity import check_run_ids
 from lightning_fed.run.reporting import resolve_run_dir
 from lightning_fed.run.setup_checks import (
     check_checkpoint_path,
@@ -40,6 +41,7 @@ from lightning_fed.run.setup_checks import (
     check_epoch_args,
     check_lightning_settings,
     check_loss_scaling,
+    check_module_definition,
     check_num_classes,
     check_output_dir,
     check_seed_everything,
@@ -151,6 +153,8 @@ class FederatedCLI(LightningCLI):
             if _starts_the_run(trainer):
                 datamodule.prepare_data()
                 datamodule.setup(stage)
+            check_module_definition(model)
+            check_run_ids(trainer)
             with _prefixed("trainer."):
                 check_num_classes(model, datamodule, name="model.init_args.num_classes")
                 check_clients_per_round(trainer.sampler.clients_per_round, datamodule.num_clients)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
 from lightning_fed.checks import InvalidArgumentError, check_bool, check_choice, check_int
@@ -225,8 +226,19 @@ def check_fit_setup(datamodule: LightningDataModule | None, train_dataloaders: A
         )
 
 
+def check_module_definition(module: LightningModule, name: str = "model") -> None:
+    """The module defines ``configure_optimizers``: every client's training steps the optimizer it returns."""
+    if isinstance(module, LightningModule) and not is_overridden("configure_optimizers", module, LightningModule):
+        raise InvalidArgumentError(
+            name,
+            type(module).__name__,
+            "a LightningModule that defines `configure_optimizers` (every client trains with the optimizer it returns)",
+        )
+
+
 def check_module_setup(trainer: FederatedTrainer, module: LightningModule) -> None:
     """Checks what the lean client loop and the attached algorithms support, once the module is set up."""
+    check_module_definition(module)
     if not module.automatic_optimization:
         raise ValueError(
             f"{type(module).__name__} uses manual optimisation (`automatic_optimization = False`), which"
