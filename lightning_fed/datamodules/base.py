@@ -150,8 +150,10 @@ class FederatedDataModule(LightningDataModule, ABC):
         shared, shares, pool = hold_out_shares(
             labels, pool, self.sharing, self.num_classes, self.num_clients, self.seed
         )
-        held_out = {"val_fraction": (self.val_fraction, val.numel())}
-        held_out["sharing"] = (self.sharing, 0 if shared is None else shared.numel())
+        held_out: dict[str, tuple[object, int]] = {
+            "val_fraction": (self.val_fraction, val.numel()),
+            "sharing": (self.sharing, 0 if shared is None else shared.numel()),
+        }
         partitions = assign_partitions(self.partitioner, labels, natural_ids, pool, held_out)
         clients, tests, source = self._client_test_split(partitions, labels, train, test)
         test_indices = None

@@ -66,7 +66,7 @@ def check_run_ids(trainer: FederatedTrainer, name: str = "trainer.logger") -> No
         is_wandb = isinstance(logger, _LightningWandbLogger)
         if not is_wandb and index > 0:
             continue
-        run_id = wandb_run_id(logger) if is_wandb else logger_run_id(trainer)
+        run_id = wandb_run_id(logger) if isinstance(logger, _LightningWandbLogger) else logger_run_id(trainer)
         if run_id is None:
             continue
         refused = _NOT_IN_WANDB_IDS if is_wandb else _NOT_IN_RUN_IDS

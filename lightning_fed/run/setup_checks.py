@@ -142,7 +142,7 @@ _UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
 
 def check_checkpoint_path(name: str, value: Any) -> None:
     """A ``ckpt_path`` that names an existing file must be a checkpoint that torch loads with ``weights_only=True``;
-    one that names a directory must hold a checkpoint (in it, or in its ``checkpoints/``).
+    one that names a directory must hold a checkpoint in its ``checkpoints/`` (or be that folder).
 
     Checked when the command line is parsed, before Lightning reads the file: a text file would otherwise fail deep
     in torch's unpickler (``IndexError: pop from empty list``), and a pickle that would run code when loaded is
@@ -152,9 +152,10 @@ def check_checkpoint_path(name: str, value: Any) -> None:
         return
     path = Path(value)
     if path.is_dir():
-        folders = (path, path / "checkpoints")
-        if not any(folder.is_dir() and any(folder.glob("*.ckpt")) for folder in folders):
-            allowed = f"a checkpoint file, or a run directory with a checkpoint (none in {path} or {path}/checkpoints)"
+        # Where the resume looks: a run directory's `checkpoints/`, or that folder itself.
+        folder = path if path.name == "checkpoints" else path / "checkpoints"
+        if not (folder.is_dir() and any(folder.glob("*.ckpt"))):
+            allowed = f"a checkpoint file, or a run directory with a checkpoint (none in {folder})"
             raise InvalidArgumentError(name, str(value), allowed)
         return
     if not path.is_file():
