@@ -5,15 +5,18 @@ a non-zero exit, no traceback, the argument's config path in the message, at mos
 empty ``default_root_dir``. A few cases run as real subprocesses to prove that the console gets no traceback.
 """
 
+import errno
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from lightning_fed.cli.errors import TRACEBACK_ENV, parser_error_line
+from lightning_fed.cli.errors import TRACEBACK_ENV, error_line, parser_error_line
 from lightning_fed.cli.main import main
 
 BASE = """\
@@ -59,6 +62,7 @@ DATA = "--data.init_args"
 MODEL = "--model.init_args"
 AGG = "--trainer.aggregator"
 CB = "--trainer.callbacks+="
+FAULTS = "tests.helpers.cli_faults"
 
 
 def _cb(name, *args):
@@ -93,6 +97,16 @@ CASES = [
     ("run_dir_under_a_file", ["--trainer.run_dir", "{file}/run"], "trainer.run_dir"),
     ("default_root_dir_under_a_file", ["--trainer.default_root_dir", "{file}/root"], "trainer.default_root_dir"),
     ("unknown_trainer_key", ["--trainer.num_roundz", "3"], "trainer.num_roundz"),
+    ("default_root_dir_read_only", ["--trainer.default_root_dir", "{read_only}/root"], "trainer.default_root_dir"),
+    (
+        "wandb_id_with_a_slash",
+        ["--trainer.logger", "lightning_fed.loggers.WandbLogger", "--trainer.logger.id", "a/b"],
+        "trainer.logger.init_args.id",
+    ),
+    # --ckpt_path
+    ("ckpt_path_text_file", ["--ckpt_path", "{file}"], "`ckpt_path` must be a checkpoint"),
+    ("ckpt_path_directory_without_checkpoint", ["--ckpt_path", "{tmp}"], "`ckpt_path` must be a checkpoint file"),
+    ("ckpt_path_unsafe_pickle", ["--ckpt_path", "{unsafe}"], "`ckpt_path` must be a safe checkpoint"),
     # Lightning's arguments that a federated fit cannot use
     ("check_val_every_n_epoch_0", ["--trainer.check_val_every_n_epoch", "0"], "trainer.check_val_every_n_epoch"),
     ("max_epochs", ["--trainer.max_epochs", "3"], "trainer.max_epochs"),
@@ -149,6 +163,7 @@ CASES = [
     ("num_classes_disagrees_with_data", [f"{MODEL}.num_classes", "5"], "model.init_args.num_classes"),
     ("backbone_classes_disagree", [f"{MODEL}.backbone.init_args.num_classes", "7"], "backbone.init_args.num_classes"),
     ("unknown_model_key", [f"{MODEL}.lrr", "0.1"], "model.init_args.lrr"),
+    ("no_configure_optimizers", ["--model", f"{FAULTS}.NoOptimizerClassifier"], "configure_optimizers"),
     ("backbone_channels_0", [f"{MODEL}.backbone.init_args.channels", "0"], "backbone.init_args.channels"),
     # The datamodule
     ("batch_size_0", [f"{DATA}.batch_size", "0"], "data.init_args.batch_size"),
@@ -167,6 +182,12 @@ CASES = [
     ("num_samples_too_few", [f"{DATA}.num_samples", "10"], "data.init_args.num_samples"),
     ("more_clients_than_examples", [f"{PART}.init_args.num_partitions", "500"], "num_partitions"),
     ("unknown_data_key", [f"{DATA}.batchsize", "4"], "data.init_args.batchsize"),
+    (
+        "val_fraction_leaves_the_partitioner_too_few",
+        [f"{DATA}.val_fraction", "0.9", f"{PART}.init_args.num_partitions", "10"],
+        "data.init_args.val_fraction",
+    ),
+    ("test_labels_out_of_range", ["--data", f"{FAULTS}.MNIST1DWithBadTestLabels"], "Test labels span [-1, 9]"),
     # The partitioners
     ("dirichlet_alpha_negative", [f"{PART}.init_args.alpha", "-1"], "data.init_args.partitioner.init_args.alpha"),
     ("dirichlet_alpha_0", [f"{PART}.init_args.alpha", "0"], "data.init_args.partitioner.init_args.alpha"),
@@ -200,12 +221,66 @@ CASES = [
 ]
 
 
+class _Payload:
+    """Unpickled, it would create ``marker``: a checkpoint that runs code when loaded without ``weights_only``."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def write_unsafe_checkpoint(path, marker):
+    torch.save({"state_dict": {}, "payload": _Payload(marker)}, path)
+    return path
+
+
+def _mount_tmpfs(path, options):
+    """Mounts a tmpfs at ``path`` (a real read-only or full file system); the reason when it cannot."""
+    if shutil.which("mount") is None:
+        return "no `mount` command"
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "lf-test", str(path)], capture_output=True)
+    return None if result.returncode == 0 else result.stderr.decode().strip() or "mount failed"
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory this process cannot write to: without write permission, or (as root, whom permission bits do
+    not stop) a read-only tmpfs mount; skipped when neither can be made real."""
+    path = tmp_path / "read_only"
+    path.mkdir()
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        yield path
+        path.chmod(0o755)
+        return
+    problem = _mount_tmpfs(path, "ro,size=1m")
+    if problem:
+        pytest.skip(f"running as root (chmod does not stop writes) and cannot mount a read-only tmpfs: {problem}")
+    yield path
+    subprocess.run(["umount", str(path)], check=False)
+
+
+@pytest.fixture
+def full_dir(tmp_path):
+    """A directory on a 48 KiB tmpfs: a run fills it with its first plots or checkpoint (ENOSPC)."""
+    path = tmp_path / "full"
+    path.mkdir()
+    problem = _mount_tmpfs(path, "size=48k")
+    if problem:
+        pytest.skip(f"cannot mount a small tmpfs to fill: {problem}")
+    yield path
+    subprocess.run(["umount", str(path)], check=False)
+
+
 @pytest.fixture
 def setup_files(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     afile = tmp_path / "a_file"
     afile.write_text("not a directory")
+    write_unsafe_checkpoint(tmp_path / "unsafe.ckpt", tmp_path / "marker")
     config = tmp_path / "base.yaml"
     config.write_text(BASE.format(logger="false"))
     wandb_config = tmp_path / "wandb.yaml"
@@ -229,12 +304,18 @@ def _check(code, out, err, expected, root):
 
 
 @pytest.mark.parametrize(("args", "expected"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
-def test_invalid_input_gives_one_line_and_leaves_nothing(args, expected, setup_files, capsys, monkeypatch):
+def test_invalid_input_gives_one_line_and_leaves_nothing(args, expected, setup_files, capsys, monkeypatch, request):
     root, afile, config, _ = setup_files
     monkeypatch.delenv(TRACEBACK_ENV, raising=False)
-    args = [arg.format(root=root, file=afile) for arg in args]
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    read_only = request.getfixturevalue("read_only_dir") if any("{read_only}" in arg for arg in args) else None
+    tmp = root.parent
+    places = {"root": root, "file": afile, "tmp": tmp, "unsafe": tmp / "unsafe.ckpt", "read_only": read_only}
+    args = [arg.format(**places) for arg in args]
     code, out, err = _run_main(["fit", "--config", str(config), "--trainer.default_root_dir", str(root), *args], capsys)
     _check(code, out, err, expected, root)
+    assert not (tmp / "marker").exists()
+    assert not list(tmp.glob("wandb")), "W&B wrote outside the run directory"
 
 
 def test_there_are_at_least_60_cases():
@@ -346,3 +427,56 @@ def test_console_shows_no_traceback(args, expected, setup_files):
     assert expected in result.stderr
     assert len(result.stderr.strip().splitlines()) <= 3, result.stderr
     assert list(root.iterdir()) == []
+
+
+def test_an_unsafe_checkpoint_runs_no_code(tmp_path):
+    from lightning_fed.checks import InvalidArgumentError
+    from lightning_fed.run.setup_checks import check_checkpoint_path
+
+    marker = tmp_path / "marker"
+    with pytest.raises(InvalidArgumentError, match="safe checkpoint"):
+        check_checkpoint_path("ckpt_path", str(write_unsafe_checkpoint(tmp_path / "x.ckpt", marker)))
+    assert not marker.exists()
+
+
+def test_a_full_disk_after_start_is_one_line(setup_files, full_dir, capsys, monkeypatch):
+    _, _, config, _ = setup_files
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
+    code, out, err = _run_main(["fit", "--config", str(config), "--trainer.default_root_dir", str(full_dir)], capsys)
+    assert code == 2
+    assert "Traceback" not in out + err
+    assert "[ENOSPC]" in err.splitlines()[0], err
+    assert len(err.strip().splitlines()) <= 3, err
+
+
+def test_a_full_disk_keeps_the_traceback_on_request(setup_files, full_dir, monkeypatch):
+    _, _, config, _ = setup_files
+    monkeypatch.setenv(TRACEBACK_ENV, "1")
+    with pytest.raises(OSError) as info:
+        main(["fit", "--config", str(config), "--trainer.default_root_dir", str(full_dir)])
+    assert info.value.errno == errno.ENOSPC
+
+
+def test_environment_errors_are_one_line(read_only_dir):
+    with pytest.raises(OSError) as info:
+        (read_only_dir / "x").write_text("x")
+    line = error_line(info.value)
+    assert line is not None and "x" in line and "\n" not in line
+    if not os.path.exists("/dev/full"):
+        return
+    with pytest.raises(OSError) as full_info, open("/dev/full", "w") as full:  # noqa: PT012
+        full.write("x" * 65536)
+        full.flush()
+    assert error_line(full_info.value).startswith("No space left on device [ENOSPC]; free some space")
+
+
+def test_an_error_in_user_code_names_client_round_and_checkpoint(setup_files, monkeypatch):
+    root, _, config, _ = setup_files
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
+    args = ["fit", "--config", str(config), "--trainer.default_root_dir", str(root), "--trainer.num_rounds", "3"]
+    args += ["--model", f"{FAULTS}.FailingClassifier", f"{CB}{FAULTS}.TellClient"]
+    with pytest.raises(RuntimeError, match="the user's training_step failed") as info:
+        main(args)
+    note = info.value.__notes__[-1]
+    assert note.startswith("lightning-fed: raised while client 1 trained in round 2; last checkpoint: "), note
+    assert note.split("last checkpoint: ")[1].split(" ")[0].endswith(".ckpt")

@@ -11,11 +11,16 @@ The argument's name is the config path the user wrote: a constructor's
 that was being built (``data.init_args.partitioner``) is found by matching the class of the object under
 construction against the ``class_path`` entries of the parsed config.
 
+An error of the environment once the run has started (a full disk, a read-only file system, a permission denied
+while writing) is reported the same way, by its message alone (:func:`environment_error_line`): the user can act on
+it, and the traceback of the library's writer would only bury it.
+
 Set the environment variable ``LIGHTNING_FED_TRACEBACK=1`` to get the full traceback instead.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import logging
 import os
@@ -252,6 +257,43 @@ def parser_error_line(message: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Errors of the environment
+
+#: ``errno`` values that say the environment refused a write, with what the user can do about each.
+ENVIRONMENT_ERRNOS: dict[int, str] = {
+    errno.ENOSPC: "free some space (or choose another `trainer.default_root_dir`), then resume with --ckpt_path last",
+    errno.EDQUOT: "free some of your quota (or choose another `trainer.default_root_dir`), then resume with"
+    " --ckpt_path last",
+    errno.EROFS: "the file system is read-only: choose a writable `trainer.default_root_dir`",
+    errno.EACCES: "give this process permission there, or choose another `trainer.default_root_dir`",
+    errno.EPERM: "give this process permission there, or choose another `trainer.default_root_dir`",
+}
+
+
+def find_environment_error(error: BaseException) -> OSError | None:
+    """The outermost ``OSError`` in ``error``'s chain whose ``errno`` is in :data:`ENVIRONMENT_ERRNOS`."""
+    return next(
+        (link for link in exception_chain(error) if isinstance(link, OSError) and link.errno in ENVIRONMENT_ERRNOS),
+        None,
+    )
+
+
+def environment_error_line(error: OSError) -> str:
+    """One line for a write the environment refused: what failed, where, why (``errno`` name) and what to do.
+
+    A message of the library's own (``DiskFullError``, a refused run directory) already says what to do and is kept
+    as it is; the system's bare reason (``No space left on device``) is completed with the file and the advice.
+    """
+    code = error.errno if error.errno is not None else 0
+    name = errno.errorcode.get(code, str(code))
+    message = " ".join((error.strerror or str(error)).split())
+    if message != os.strerror(code):
+        return f"{message} [{name}]"
+    where = f"{error.filename}: " if error.filename is not None else ""
+    return f"{where}{message} [{name}]; {ENVIRONMENT_ERRNOS[code]}."
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # The message
 
 
@@ -277,6 +319,9 @@ def error_line(error: BaseException, config: Any = None, before_run: bool = Fals
         return f"`{path}` must be {invalid.allowed}; got {invalid.value!r}."
     if is_parser_error(error):
         return parser_error_line(str(error))
+    environment = find_environment_error(error)
+    if environment is not None:
+        return environment_error_line(environment)
     if before_run and isinstance(error, (ValueError, TypeError, OSError, MisconfigurationException)):
         text = " ".join(str(error).split()) or type(error).__name__
         where = component_path(error, config)
@@ -359,10 +404,13 @@ class _Collector(logging.Handler):
 
 
 __all__ = [
+    "ENVIRONMENT_ERRNOS",
     "TRACEBACK_ENV",
     "HeldOutput",
     "argument_path",
+    "environment_error_line",
     "error_line",
+    "find_environment_error",
     "find_invalid_argument",
     "parser_error_line",
     "report",

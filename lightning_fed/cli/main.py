@@ -43,12 +43,15 @@ from lightning_fed.cli.errors import (
 )
 from lightning_fed.datamodules.base import FederatedDataModule
 from lightning_fed.hooks import FedCallback, federated_trainer
+from lightning_fed.run.identity import check_run_ids
 from lightning_fed.run.reporting import resolve_run_dir
 from lightning_fed.run.setup_checks import (
+    check_checkpoint_path,
     check_clients_per_round,
     check_epoch_args,
     check_lightning_settings,
     check_loss_scaling,
+    check_module_definition,
     check_num_classes,
     check_output_dir,
     check_seed_everything,
@@ -204,6 +207,8 @@ class FederatedCLI(LightningCLI):
             if _starts_the_run(trainer):
                 datamodule.prepare_data()
                 datamodule.setup(stage)
+            check_module_definition(model)
+            check_run_ids(trainer)
             with _prefixed("trainer."):
                 check_num_classes(model, datamodule, name="model.init_args.num_classes")
                 check_clients_per_round(trainer.sampler.clients_per_round, datamodule.num_clients)
@@ -265,6 +270,7 @@ def _denied_import_error(error: BaseException, path: str, entry: str) -> Invalid
 def check_config(config: Any) -> None:
     """Checks the parsed settings that no constructor checks, by their config paths."""
     check_seed_everything("seed_everything", config.get("seed_everything"))
+    check_checkpoint_path("ckpt_path", config.get("ckpt_path"))
     trainer = config.get("trainer")
     if trainer is None:
         return

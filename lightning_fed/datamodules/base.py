@@ -18,6 +18,7 @@ from lightning_fed.datamodules.layout import (
     Layout,
     assign_partitions,
     carve_validation,
+    check_evaluation_labels,
     check_label_range,
     check_no_empty_client,
     extract_labels,
@@ -149,7 +150,11 @@ class FederatedDataModule(LightningDataModule, ABC):
         shared, shares, pool = hold_out_shares(
             labels, pool, self.sharing, self.num_classes, self.num_clients, self.seed
         )
-        partitions = assign_partitions(self.partitioner, labels, natural_ids, pool)
+        held_out: dict[str, tuple[object, int]] = {
+            "val_fraction": (self.val_fraction, val.numel()),
+            "sharing": (self.sharing, 0 if shared is None else shared.numel()),
+        }
+        partitions = assign_partitions(self.partitioner, labels, natural_ids, pool, held_out)
         clients, tests, source = self._client_test_split(partitions, labels, train, test)
         test_indices = None
         if self.evaluation_split == "validation":
@@ -166,6 +171,7 @@ class FederatedDataModule(LightningDataModule, ABC):
                     "client test splits, which are empty: set `client_test_fraction` > 0 or `client_test_size`."
                 )
             test, test_indices = source, tests.flat
+        check_evaluation_labels(test, test_indices, tests, source, train, self.num_classes)
         digest = layout_fingerprint(labels, clients, tests, val, self.sharing, shared, shares)
         check_fingerprint(digest, self._expected_fingerprint, self.partitioner, self.sharing)
         self._layout = Layout(train, labels, val, clients, tests, source, test, test_indices, digest, shared, shares)

@@ -62,13 +62,51 @@ def extract_labels(dataset: Dataset, name: str) -> Tensor:
     return torch.tensor([int(dataset[index][1]) for index in range(size)], dtype=torch.int64)
 
 
-def check_label_range(labels: Tensor, num_classes: int) -> None:
+def exposed_labels(dataset: Dataset) -> Tensor | None:
+    """The dataset's labels when it exposes them (``targets``/``labels``, through ``Subset``\\ s), else ``None``.
+
+    Unlike :func:`extract_labels` it never iterates the dataset: evaluation data is only checked where that is free.
+    """
+    if isinstance(dataset, Subset):
+        labels = exposed_labels(dataset.dataset)
+        return None if labels is None else labels[torch.as_tensor(dataset.indices, dtype=torch.int64)]
+    size = len(dataset) if hasattr(dataset, "__len__") else None
+    for attribute in ("targets", "labels"):
+        values = getattr(dataset, attribute, None)
+        if values is not None and size is not None and len(values) == size:
+            return torch.as_tensor(values).to(torch.int64).reshape(-1)
+    return None
+
+
+def check_label_range(labels: Tensor, num_classes: int, what: str = "Training labels") -> None:
     """Raises a ``ValueError`` unless every label lies in ``[0, num_classes)``."""
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
         raise ValueError(
-            f"Training labels span [{int(labels.min())}, {int(labels.max())}] but `num_classes` is "
+            f"{what} span [{int(labels.min())}, {int(labels.max())}] but `num_classes` is "
             f"{num_classes}: labels must lie in [0, num_classes)."
         )
+
+
+def check_evaluation_labels(
+    test: Dataset,
+    test_indices: Tensor | None,
+    client_tests: RaggedIndex,
+    source: Dataset,
+    train: Dataset,
+    num_classes: int,
+) -> None:
+    """Range-checks the labels of the global test set and of the client test splits, where the datasets expose them
+    (those drawn from the training data are checked already): a label out of range would otherwise train a whole
+    round and then fail in the first evaluation.
+    """
+    if test is not train:
+        labels = exposed_labels(test)
+        if labels is not None:
+            check_label_range(labels if test_indices is None else labels[test_indices], num_classes, "Test labels")
+    if source is not train and source is not test and client_tests.flat.numel():
+        labels = exposed_labels(source)
+        if labels is not None:
+            check_label_range(labels[client_tests.flat], num_classes, "Client test labels")
 
 
 def carve_validation(
@@ -92,10 +130,11 @@ def carve_validation(
         sizes = holdout_sizes(torch.bincount(groups), val_fraction, None)
     remaining = total - int(sizes.sum())
     if remaining < num_clients:
-        raise ValueError(
-            f"{num_clients} clients need at least one training example each, but only {remaining} of "
-            f"{total} remain after the validation holdout: lower the partitioner's `num_partitions` or "
-            f"`val_fraction` ({val_fraction})."
+        raise InvalidArgumentError(
+            "val_fraction",
+            val_fraction,
+            f"small enough to leave each of the {num_clients} clients an example: it holds out {total - remaining} of"
+            f" {total} for validation, leaving {remaining} (or lower the partitioner's `num_partitions`)",
         )
     if val_fraction == 0:
         return torch.zeros(0, dtype=torch.int64), torch.arange(total)
@@ -105,21 +144,63 @@ def carve_validation(
 
 
 def assign_partitions(
-    partitioner: Partitioner, labels: Tensor, natural_ids: Tensor | None, pool: Tensor
+    partitioner: Partitioner,
+    labels: Tensor,
+    natural_ids: Tensor | None,
+    pool: Tensor,
+    held_out: dict[str, tuple[object, int]] | None = None,
 ) -> RaggedIndex:
     """Partitions ``pool`` (indices into ``labels``) with ``partitioner``; checks it gave one disjoint part per client.
 
+    Args:
+        held_out: The settings that took examples out of the pool before partitioning, as ``{name: (value,
+            count)}`` (``val_fraction``, ``sharing``): when the partitioner fails on the pool but not on all the
+            data, the first of them is the setting to name.
+
     Raises:
         ValueError: If the partitioner returned the wrong number of parts or gave an example to two clients.
+        InvalidArgumentError: Naming the holdout setting, when the partitioner fails only for want of the examples
+            it held out.
     """
     num_clients = partitioner.num_partitions
-    parts = partitioner.partition(labels[pool], None if natural_ids is None else natural_ids[pool])
+    try:
+        parts = partitioner.partition(labels[pool], None if natural_ids is None else natural_ids[pool])
+    except ValueError as error:
+        _blame_holdouts(error, partitioner, labels, natural_ids, pool, held_out or {})
+        raise
     if len(parts) != num_clients:
         raise ValueError(f"{partitioner!r} returned {len(parts)} partitions instead of {num_clients}.")
     clients = RaggedIndex.from_parts([pool[torch.as_tensor(part, dtype=torch.int64)] for part in parts])
     if clients.flat.numel() and torch.bincount(clients.flat).max() > 1:
         raise ValueError(f"{partitioner!r} assigned an example to more than one client.")
     return clients
+
+
+def _blame_holdouts(
+    error: ValueError,
+    partitioner: Partitioner,
+    labels: Tensor,
+    natural_ids: Tensor | None,
+    pool: Tensor,
+    held_out: dict[str, tuple[object, int]],
+) -> None:
+    """Raises an :class:`InvalidArgumentError` naming the holdout setting when ``partitioner``, which failed on
+    ``pool``, would succeed on all the data: the examples the setting held out are what it lacked."""
+    taken = {name: entry for name, entry in held_out.items() if entry[1] > 0}
+    if not taken or pool.numel() == labels.numel():
+        return
+    try:
+        partitioner.partition(labels, natural_ids)
+    except ValueError:
+        return  # it fails without the holdouts too: its own settings are the ones to change
+    name, (value, count) = next(iter(taken.items()))
+    reason = " ".join(str(error).split()).rstrip(".")
+    raise InvalidArgumentError(
+        name,
+        value,
+        f"smaller: it holds out {count} of {labels.numel()} examples, and the {pool.numel()} left are too few for"
+        f" the partitioner ({reason})",
+    ) from error
 
 
 def hold_out_client_tests(
@@ -165,8 +246,10 @@ __all__ = [
     "Layout",
     "assign_partitions",
     "carve_validation",
+    "check_evaluation_labels",
     "check_label_range",
     "check_no_empty_client",
+    "exposed_labels",
     "extract_labels",
     "hold_out_client_tests",
 ]

@@ -83,9 +83,13 @@ def hold_out_global_set(
     for cls in range(num_classes):
         members = pool[pool_labels == cls]
         if members.numel() < per_class[cls]:
+            # The pool is what the global validation set left: when it took examples, `val_fraction` is a cause too.
+            after_val = pool.numel() < labels.numel()
+            where = "remain after `val_fraction`'s validation holdout" if after_val else "are in the data"
+            fix = f"lower `sharing.beta` ({beta})" + (" or `val_fraction`" if after_val else "")
             raise ValueError(
-                f"A class-balanced G of {size} examples needs {int(per_class[cls])} of class {cls}, but the data "
-                f"holds {members.numel()}: lower `sharing.beta` ({beta})."
+                f"A class-balanced G of {size} examples needs {int(per_class[cls])} of class {cls}, but "
+                f"{members.numel()} {where}: {fix}."
             )
         chosen.append(members[torch.randperm(members.numel(), generator=generator)[: int(per_class[cls])]])
     shared = torch.sort(torch.cat(chosen)).values

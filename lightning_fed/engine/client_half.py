@@ -116,9 +116,13 @@ class ClientHalf:
         share = ClientShare()
         held: list[ClientUpdate] = []
         for group in self._groups_until_stopped(round_ctx, client_ids):
-            updates = (
-                self._train_group(round_ctx, group) if len(group) > 1 else [self._train_client(round_ctx, group[0])]
-            )
+            try:
+                updates = (
+                    self._train_group(round_ctx, group) if len(group) > 1 else [self._train_client(round_ctx, group[0])]
+                )
+            except Exception as error:
+                error.add_note(self._failure_note(round_ctx.round_idx, group))
+                raise
             for update in updates:
                 if update is not None:
                     share.train_metrics[update.client_id] = update.metrics
@@ -149,6 +153,19 @@ class ClientHalf:
                 raise SIGTERMException
             if group is not None:
                 yield group
+
+    def _failure_note(self, round_idx: int, group: list[int]) -> str:
+        """The line that ends the traceback of an error raised while ``group`` trained: which client, which round,
+        and the checkpoint to resume from (the user's code keeps its traceback; this says where the run stands)."""
+        who = f"client {group[0]}" if len(group) == 1 else f"clients {group} (trained together)"
+        # Lightning's checkpoint callbacks know the last file they wrote; the engine reads it without the run layer.
+        saved = [
+            path
+            for callback in getattr(self.trainer, "checkpoint_callbacks", [])
+            if (path := getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", ""))
+        ]
+        where = f"last checkpoint: {saved[0]} (--ckpt_path last resumes from it)" if saved else "no checkpoint yet"
+        return f"lightning-fed: raised while {who} trained in round {round_idx}; {where}."
 
     def _train_client(self, round_ctx: RoundContext, client_id: int) -> ClientUpdate | None:
         store = round_ctx.store

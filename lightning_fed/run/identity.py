@@ -8,6 +8,7 @@ reuses a directory that already exists.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import time
@@ -17,7 +18,9 @@ from typing import TYPE_CHECKING
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
 
+from lightning_fed.checks import InvalidArgumentError
 from lightning_fed.loggers.wandb import place_wandb_run, wandb_loggers, wandb_run_id
+from lightning_fed.run.setup_checks import write_problem
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -46,6 +49,42 @@ def logger_run_id(trainer: FederatedTrainer) -> str | None:
     return version if isinstance(version, str) else f"version_{version}"
 
 
+# W&B refuses these in a run id; a path separator would also nest the run directory.
+_NOT_IN_WANDB_IDS = "/\\#?%:"
+_NOT_IN_RUN_IDS = "/\\\0"
+
+
+def check_run_ids(trainer: FederatedTrainer, name: str = "trainer.logger") -> None:
+    """The loggers' ids that name the run directory (the first logger's) or a W&B run must be valid names for both.
+
+    Raises:
+        InvalidArgumentError: naming the logger's ``id`` (``version`` for other loggers, ``WANDB_RUN_ID`` when the
+            id came from there).
+    """
+    loggers = trainer.loggers
+    for index, logger in enumerate(loggers):
+        is_wandb = isinstance(logger, _LightningWandbLogger)
+        if not is_wandb and index > 0:
+            continue
+        run_id = wandb_run_id(logger) if isinstance(logger, _LightningWandbLogger) else logger_run_id(trainer)
+        if run_id is None:
+            continue
+        refused = _NOT_IN_WANDB_IDS if is_wandb else _NOT_IN_RUN_IDS
+        bad = "".join(sorted({char for char in run_id if char in refused}))
+        if not bad and run_id not in (".", ".."):
+            continue
+        where = f"{name}[{index}]" if len(loggers) > 1 else name
+        if is_wandb and logger.version is None:
+            argument = "WANDB_RUN_ID (environment)"
+        else:
+            argument = f"{where}.init_args.{'id' if is_wandb else 'version'}"
+        refused_text = " ".join(repr(char) for char in refused)
+        what = "the run directory and the W&B run" if is_wandb else "the run directory"
+        raise InvalidArgumentError(
+            argument, run_id, f"a valid directory name, it names {what} (none of {refused_text})"
+        )
+
+
 def runs_root(trainer: FederatedTrainer) -> Path:
     """``<default_root_dir>/runs``: where every run of this root has its directory."""
     return Path(trainer.default_root_dir) / RUNS_DIR
@@ -60,6 +99,7 @@ def new_run_dir(trainer: FederatedTrainer) -> Path:
     """
     if trainer.run_dir:
         return Path(trainer.run_dir)
+    check_run_ids(trainer)
     root = runs_root(trainer)
     run_id = logger_run_id(trainer) or new_run_id()
     while (root / run_id).exists():
@@ -76,8 +116,21 @@ def open_run(trainer: FederatedTrainer, run_dir: Path, checkpoint_callbacks: lis
     """Points what a fit writes at ``run_dir``: the checkpoint callbacks that were given no ``dirpath`` and the W&B
     loggers that have not started their run yet (their directory, and their id when they have none).
 
-    Nothing is created on disk here: the run directory appears with the first file written into it.
+    Nothing is created on disk here: the run directory appears with the first file written into it. A run directory
+    that could not be written is refused here, before the first round (and before W&B, which would fall back to a
+    temporary directory outside the run, starts).
+
+    Raises:
+        PermissionError: ``run_dir`` cannot be created or written (permissions, a read-only file system).
     """
+    problem = write_problem(run_dir)
+    if problem is not None:
+        code = errno.EROFS if "read-only" in problem else errno.EACCES
+        raise PermissionError(
+            code,
+            f"cannot write the run directory {run_dir}: {problem}; choose a writable `default_root_dir` (or `run_dir`)",
+            str(run_dir),
+        )
     trainer.session.run_dir = run_dir
     for callback in checkpoint_callbacks:
         # As ModelCheckpoint stores a dirpath given to it, so that a resumed run's saved dirpath compares equal.
@@ -91,6 +144,7 @@ def open_run(trainer: FederatedTrainer, run_dir: Path, checkpoint_callbacks: lis
 __all__ = [
     "CHECKPOINTS_DIR",
     "RUNS_DIR",
+    "check_run_ids",
     "checkpoint_dir",
     "logger_run_id",
     "new_run_dir",

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import pickle
+import re
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
 from lightning_fed.checks import InvalidArgumentError, check_bool, check_choice, check_int
@@ -103,6 +108,72 @@ def check_output_dir(name: str, path: str | os.PathLike[str] | None) -> None:
         if candidate.exists() and not candidate.is_dir():
             where = "" if candidate == given else f" ({candidate} is a file)"
             raise InvalidArgumentError(name, str(path), f"a directory, not an existing file{where}")
+    problem = write_problem(given)
+    if problem is not None:
+        raise InvalidArgumentError(name, str(path), f"a directory this process can write to ({problem})")
+
+
+def write_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why this process could not create files in or under ``path``, or ``None`` when it can (as far as ``access(2)``
+    tells without writing anything: permissions, a read-only file system; root passes permission bits).
+
+    The directory that decides is the nearest one that exists: ``path`` itself, or the parent it would be created
+    in. Remote paths (``s3://...``) are left to their file system.
+    """
+    if "://" in str(path):
+        return None
+    given = Path(path).absolute()
+    existing = next((candidate for candidate in (given, *given.parents) if candidate.exists()), None)
+    if existing is None or not existing.is_dir():
+        return None  # a file on the way is `check_output_dir`'s to report; mkdir will say what else is wrong
+    if os.access(existing, os.W_OK | os.X_OK):
+        return None
+    try:
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return f"{existing} is on a read-only file system"
+    return f"no permission to write in {existing}"
+
+
+_UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+
+
+def check_checkpoint_path(name: str, value: Any) -> None:
+    """A ``ckpt_path`` that names an existing file must be a checkpoint that torch loads with ``weights_only=True``;
+    one that names a directory must hold a checkpoint in its ``checkpoints/`` (or be that folder).
+
+    Checked when the command line is parsed, before Lightning reads the file: a text file would otherwise fail deep
+    in torch's unpickler (``IndexError: pop from empty list``), and a pickle that would run code when loaded is
+    refused by a page of torch's advice. Names that are no path (``last``, a run id) are left to the resume.
+    """
+    if value is None or not isinstance(value, (str, os.PathLike)):
+        return
+    path = Path(value)
+    if path.is_dir():
+        # Where the resume looks: a run directory's `checkpoints/`, or that folder itself.
+        folder = path if path.name == "checkpoints" else path / "checkpoints"
+        if not (folder.is_dir() and any(folder.glob("*.ckpt"))):
+            allowed = f"a checkpoint file, or a run directory with a checkpoint (none in {folder})"
+            raise InvalidArgumentError(name, str(value), allowed)
+        return
+    if not path.is_file():
+        return
+    try:
+        # mmap: the tensors stay on disk, so checking a large checkpoint costs no memory.
+        torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except pickle.UnpicklingError as error:
+        unsafe = _UNSAFE_GLOBAL.search(str(error))
+        if unsafe is None:
+            raise InvalidArgumentError(name, str(value), "a checkpoint (torch cannot read this file as one)") from error
+        allowed = (
+            f"a safe checkpoint: unpickling this file would call `{unsafe.group(1)}`, which torch's safe loader"
+            " (weights_only) refuses; it was not written by lightning-fed or Lightning, and loading it could run code"
+        )
+        raise InvalidArgumentError(name, str(value), allowed) from error
+    except Exception as error:
+        raise InvalidArgumentError(name, str(value), "a checkpoint (torch cannot read this file as one)") from error
 
 
 def check_num_classes(model: Any, datamodule: Any, name: str = "num_classes") -> None:
@@ -156,8 +227,19 @@ def check_fit_setup(datamodule: LightningDataModule | None, train_dataloaders: A
         )
 
 
+def check_module_definition(module: LightningModule, name: str = "model") -> None:
+    """The module defines ``configure_optimizers``: every client's training steps the optimizer it returns."""
+    if isinstance(module, LightningModule) and not is_overridden("configure_optimizers", module, LightningModule):
+        raise InvalidArgumentError(
+            name,
+            type(module).__name__,
+            "a LightningModule that defines `configure_optimizers` (every client trains with the optimizer it returns)",
+        )
+
+
 def check_module_setup(trainer: FederatedTrainer, module: LightningModule) -> None:
     """Checks what the lean client loop and the attached algorithms support, once the module is set up."""
+    check_module_definition(module)
     if not module.automatic_optimization:
         raise ValueError(
             f"{type(module).__name__} uses manual optimisation (`automatic_optimization = False`), which"

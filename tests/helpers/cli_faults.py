@@ -1,0 +1,48 @@
+"""Components a test config names by class path to make a run meet a fault: bad test labels, a module without
+``configure_optimizers``, a ``training_step`` that raises on one client in one round."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch import LightningModule
+
+from lightning_fed.datamodules import MNIST1DFederated
+from lightning_fed.hooks import FedCallback
+from lightning_fed.models import ClassifierModule
+
+
+class MNIST1DWithBadTestLabels(MNIST1DFederated):
+    """MNIST-1D whose global test set holds one label of -1."""
+
+    def _load_datasets(self) -> Any:
+        train, test = super()._load_datasets()
+        test.targets[0] = -1
+        return train, test
+
+
+class NoOptimizerClassifier(ClassifierModule):
+    """A classifier that leaves ``configure_optimizers`` to LightningModule's default (none)."""
+
+    configure_optimizers = LightningModule.configure_optimizers  # type: ignore[assignment]
+
+
+class FailingClassifier(ClassifierModule):
+    """A classifier whose ``training_step`` raises on client ``fail_client`` in round ``fail_round``."""
+
+    def __init__(self, *args: Any, fail_client: int = 1, fail_round: int = 2, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fail_client, self.fail_round = fail_client, fail_round
+        self.current: tuple[int, int] | None = None
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        if self.current == (self.fail_round, self.fail_client):
+            raise RuntimeError("the user's training_step failed")
+        return super().training_step(batch, batch_idx)
+
+
+class TellClient(FedCallback):
+    """Tells a :class:`FailingClassifier` which client and round it trains."""
+
+    def on_client_start(self, trainer: Any, pl_module: LightningModule, client_ctx: Any) -> None:
+        pl_module.current = (client_ctx.round_idx, client_ctx.client_id)  # type: ignore[assignment]
