@@ -5,7 +5,7 @@ from lightning_fed.callbacks import FedCallback, ParameterPenalty, RoundProgress
 from lightning_fed.client_store import ClientStateStore
 from lightning_fed.context import ClientContext, ClientUpdate, RoundContext, RoundResult
 from lightning_fed.engine.rejection import ClientDivergedError
-from lightning_fed.trainer import FederatedTrainer
+from lightning_fed.trainer import FederatedTrainer, FitInterrupted
 
 __version__ = "0.1.0"
 
@@ -22,6 +22,7 @@ __all__ = [
     "FedYogi",
     "FedCallback",
     "FederatedTrainer",
+    "FitInterrupted",
     "ParameterPenalty",
     "RoundContext",
     "RoundResult",

@@ -29,7 +29,7 @@ from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.engine.batched.training import ClientGroups
 from lightning_fed.engine.dispatch import HookDispatcher
 from lightning_fed.engine.local_training import LocalTrainer
-from lightning_fed.engine.rejection import finite_tree, reject_client
+from lightning_fed.engine.rejection import failure_note, finite_tree, reject_client
 from lightning_fed.engine.seeding import derive_seed, seed_torch
 from lightning_fed.engine.step_counter import StepCounter
 from lightning_fed.functional.state_dict import StateDict, all_finite, clone_state, copy_state_, state_nbytes
@@ -121,7 +121,7 @@ class ClientHalf:
                     self._train_group(round_ctx, group) if len(group) > 1 else [self._train_client(round_ctx, group[0])]
                 )
             except Exception as error:
-                error.add_note(self._failure_note(round_ctx.round_idx, group))
+                error.add_note(failure_note(self.trainer, round_ctx.round_idx, group))
                 raise
             for update in updates:
                 if update is not None:
@@ -153,19 +153,6 @@ class ClientHalf:
                 raise SIGTERMException
             if group is not None:
                 yield group
-
-    def _failure_note(self, round_idx: int, group: list[int]) -> str:
-        """The line that ends the traceback of an error raised while ``group`` trained: which client, which round,
-        and the checkpoint to resume from (the user's code keeps its traceback; this says where the run stands)."""
-        who = f"client {group[0]}" if len(group) == 1 else f"clients {group} (trained together)"
-        # Lightning's checkpoint callbacks know the last file they wrote; the engine reads it without the run layer.
-        saved = [
-            path
-            for callback in getattr(self.trainer, "checkpoint_callbacks", [])
-            if (path := getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", ""))
-        ]
-        where = f"last checkpoint: {saved[0]} (--ckpt_path last resumes from it)" if saved else "no checkpoint yet"
-        return f"lightning-fed: raised while {who} trained in round {round_idx}; {where}."
 
     def _train_client(self, round_ctx: RoundContext, client_id: int) -> ClientUpdate | None:
         store = round_ctx.store
