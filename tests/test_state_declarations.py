@@ -6,8 +6,10 @@ all its round state is a sum (``round_state_is_sum``, usable under secure aggreg
 rounds here, and:
 
 * the namespaces its run writes into the client store are exactly the declared ones;
-* every round state it declares is a ``"sum"`` exactly when it says so (the aggregators' integer-buffer ``"last"``
-  is sent in clear and not counted);
+* it declares ``round_state_is_sum`` exactly when nothing but sums reaches the server: every declared round state
+  is a ``"sum"`` (the aggregators' integer-buffer ``"last"`` is sent in clear and not counted), its own code calls
+  no gather, no server hook (``on_round_start``, ``on_aggregate``, ``on_round_end``) reads its per-client store
+  entries, and it holds back no updates to rewrite them together;
 * the client half of each round reads nothing of its ``state_dict`` beyond ``broadcast_keys``: every other entry is
   poisoned (NaN) while the client half runs and restored before the server half closes the round, and the run must
   end bit-identical to an unpoisoned one. State the server half prepares in ``on_round_start`` counts as sent.
@@ -45,6 +47,7 @@ from lightning_fed.attacks import MaliciousClients
 from lightning_fed.client_store import ClientStateStore
 from lightning_fed.datamodules import DataSharing
 from lightning_fed.engine.client_half import ClientHalf
+from lightning_fed.engine.dispatch import HookDispatcher
 from lightning_fed.hooks import FedCallback
 from lightning_fed.parallel import distributed
 from lightning_fed.parallel.reduction import CrossProcessState
@@ -54,6 +57,15 @@ NUM_CLIENTS = 7  # Bulyan(num_byzantine=1) needs n >= 4f + 3
 INTEGER_POLICY = "_last_integer_entries"
 
 Setup = Callable[[], tuple[Any, list[FedCallback]]]
+
+# Hooks of the server half: what they read of the client store came from the clients one by one.
+SERVER_HOOKS = {"on_round_start", "on_aggregate", "on_round_end"}
+# Declared stricter than their data flow, on purpose.
+STRICTER_BY_DESIGN = {
+    # Each site could clip its own update into the sum, but the bound defends against a malicious client only when
+    # the server, which sees every update, clips it.
+    "NormBound": False,
+}
 
 # Zhao et al.'s warm-up needs a datamodule that shares data; every other algorithm runs on a plain IID split.
 DATAMODULE_KWARGS: dict[str, dict[str, Any]] = {
@@ -109,6 +121,29 @@ def _fit(tmp_path, name: str, monkeypatch, client_half_wrapper=None) -> dict[str
     gathers: dict[str, set[str]] = {}
     for collective in ("all_gather_object", "all_gather_rows"):
         monkeypatch.setattr(distributed, collective, _recording(getattr(distributed, collective), plugins, gathers))
+    # Per-client state the server half reads (a personalised model, a feature statistic) reached the server one
+    # client at a time; and updates held back to be rewritten together (attack simulation) were seen together.
+    server_reads: set[str] = set()
+    original_get, original_call = ClientStateStore.get, HookDispatcher.call
+    in_server_hook = [False]
+
+    def recording_get(store, namespace, client_id, *args, **kwargs):
+        if in_server_hook[0]:
+            server_reads.add(namespace)
+        return original_get(store, namespace, client_id, *args, **kwargs)
+
+    def recording_call(dispatcher, hook, *args):
+        in_server_hook[0] = hook in SERVER_HOOKS
+        try:
+            if hook == "on_clients_end" and args[1]:
+                for callback in dispatcher.overriding(hook):
+                    gathers.setdefault(type(callback).__name__, set()).add("held updates")
+            return original_call(dispatcher, hook, *args)
+        finally:
+            in_server_hook[0] = False
+
+    monkeypatch.setattr(ClientStateStore, "get", recording_get)
+    monkeypatch.setattr(HookDispatcher, "call", recording_call)
     if client_half_wrapper is not None:
         original_run = ClientHalf.run
         monkeypatch.setattr(ClientHalf, "run", client_half_wrapper(original_run, plugins))
@@ -123,6 +158,9 @@ def _fit(tmp_path, name: str, monkeypatch, client_half_wrapper=None) -> dict[str
     reductions = {
         type(p).__name__: {name: spec.reduce for name, spec in p._declared_round_state().items()} for p in plugins
     }
+    for plugin in plugins:
+        if server_reads & set(plugin.client_state_namespaces):
+            gathers.setdefault(type(plugin).__name__, set()).add("client state read by the server")
     return {
         "plugins": plugins,
         "written": written.get("all", set()),
@@ -216,7 +254,8 @@ def test_declarations_match_what_the_run_does(tmp_path, monkeypatch, name):
     for plugin in plugins:
         kinds = {kind for state, kind in run["reductions"][type(plugin).__name__].items() if state != INTEGER_POLICY}
         kinds |= run["gathers"].get(type(plugin).__name__, set())
-        assert plugin.round_state_is_sum == (kinds <= {"sum"}), (type(plugin).__name__, kinds)
+        expected = STRICTER_BY_DESIGN.get(type(plugin).__name__, kinds <= {"sum"})
+        assert plugin.round_state_is_sum == expected, (type(plugin).__name__, kinds)
         state = plugin.state_dict()
         if plugin.broadcast_keys is not None:
             assert set(plugin.broadcast_keys) <= set(state), (type(plugin).__name__, sorted(state))
