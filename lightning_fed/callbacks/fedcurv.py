@@ -16,7 +16,7 @@ from lightning_fed.callbacks.penalty import ParameterPenalty
 from lightning_fed.checks import check_choice, check_real
 from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.engine.log_buffer import LogBuffer, batch_size_of, buffered_logging
-from lightning_fed.engine.training_step import loss_of
+from lightning_fed.engine.training_step import call_step, loss_of
 from lightning_fed.functional.fedcurv import (
     STAT_KEYS,
     Statistics,
@@ -55,7 +55,7 @@ class _TrainingStepLoss(nn.Module):
 
     @override
     def forward(self, batch: Any) -> Tensor:
-        loss = loss_of(self.module.training_step(batch, 0))
+        loss = loss_of(call_step(self.module.training_step, batch, 0))
         if loss is None:
             raise ValueError(
                 "FedCurv's Fisher needs a loss from `training_step` on every batch of the client's data, but it"

@@ -12,6 +12,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from lightning_fed.engine.log_buffer import LogBuffer, batch_size_of, buffered_logging, reset_metrics
+from lightning_fed.engine.training_step import call_step
 from lightning_fed.parallel.distributed import rank_local_metrics
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def evaluate(
             if needs_transfer:
                 batch = trainer.strategy.batch_to_device(batch)
             buffer.current_batch_size = batch_size_of(batch)
-            step(batch, batch_idx)
+            call_step(step, batch, batch_idx)
     module.train(was_training)
     # Ranks evaluate different clients: a metric must not gather the others' state.
     with rank_local_metrics(module):

@@ -8,12 +8,14 @@ and gradient clipping behave the same everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 from torch import Tensor
 from torch.optim import Optimizer
 from torchmetrics import Metric
@@ -36,6 +38,41 @@ _BATCH_HOOKS = (
 _TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
 
 
+# How many of (batch, batch_idx, dataloader_idx) each step hook takes, by its function: read once per hook, then one
+# dict lookup a step (a plain dict: an lru_cache or a weak mapping costs more per call than the signature saves).
+_STEP_ARITY: dict[Callable[..., Any], int] = {}
+
+
+def _step_arity(function: Callable[..., Any]) -> int:
+    """How many of ``(batch, batch_idx, dataloader_idx)`` a step hook takes, decided as Lightning's loops decide.
+
+    ``batch_idx`` is passed when the hook names it, takes ``*args`` or has a second parameter under another name
+    (``is_param_in_hook_signature(..., min_args=2)``). ``dataloader_idx`` is passed (as 0: every pass here reads one
+    loader) only when the hook requires it; a default is left to apply, as Lightning does with one loader.
+    """
+    if not is_param_in_hook_signature(function, "batch_idx", min_args=2):
+        return 1
+    required = inspect.signature(function).parameters.get("dataloader_idx")
+    return 3 if required is not None and required.default is inspect.Parameter.empty else 2
+
+
+def call_step(step: Callable[..., Any], batch: Any, batch_idx: int) -> Any:
+    """Calls a bound step hook (``training_step``, ``validation_step``, ``test_step``) with the arguments its
+    signature takes, as Lightning does: ``def training_step(self, batch)`` gets no ``batch_idx``.
+
+    Every step of the user's module goes through here: local training, evaluation, loss probes, batched groups.
+    """
+    function = getattr(step, "__func__", step)
+    arity = _STEP_ARITY.get(function)
+    if arity is None:
+        arity = _STEP_ARITY[function] = _step_arity(function)
+    if arity == 2:
+        return step(batch, batch_idx)
+    if arity == 1:
+        return step(batch)
+    return step(batch, batch_idx, 0)
+
+
 def loss_of(output: Any) -> Tensor | None:
     """The loss in what ``training_step`` returned: the tensor itself, the ``"loss"`` entry of a mapping, or ``None``
     (Lightning's way of skipping a step)."""
@@ -55,7 +92,7 @@ def training_loss(
         ``on_train_batch_end``).
     """
     with trainer.strategy.precision_plugin.train_step_context():
-        output = module.training_step(batch, batch_idx)
+        output = call_step(module.training_step, batch, batch_idx)
     return loss_of(output), output
 
 
@@ -185,6 +222,7 @@ def client_batches(
 
 __all__ = [
     "accumulation_of",
+    "call_step",
     "client_batches",
     "clip_and_step",
     "isolated_pass",

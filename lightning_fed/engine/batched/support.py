@@ -15,7 +15,14 @@ from torch import Tensor, nn
 from lightning_fed.engine.dispatch import STEP_HOOKS
 from lightning_fed.engine.log_buffer import routed_logging
 from lightning_fed.engine.seeding import derive_seed
-from lightning_fed.engine.training_step import _BATCH_HOOKS, _TRANSFER_HOOKS, accumulation_of, isolated_pass, loss_of
+from lightning_fed.engine.training_step import (
+    _BATCH_HOOKS,
+    _TRANSFER_HOOKS,
+    accumulation_of,
+    call_step,
+    isolated_pass,
+    loss_of,
+)
 from lightning_fed.functional.stacked_optim import unsupported_optimizer
 from lightning_fed.hooks import FedCallback
 
@@ -43,7 +50,7 @@ class TrainingStep(nn.Module):
         self.module = module
 
     def forward(self, batch: Any, batch_idx: int) -> Any:
-        return self.module.training_step(batch, batch_idx)
+        return call_step(self.module.training_step, batch, batch_idx)
 
     def run(self, params: Mapping[str, Tensor], batch: Any, batch_idx: int, log: Callable[..., None]) -> Any:
         def log_dict(values: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
