@@ -41,7 +41,9 @@ from lightning_fed.run.setup_checks import (
     check_epoch_args,
     check_federation_setup,
     check_fit_setup,
+    check_lightning_package,
     check_lightning_settings,
+    check_optimization_setup,
     check_round_settings,
 )
 from lightning_fed.run.trainer_defaults import checkpoints_without_dir, default_callbacks, with_atomic_checkpoints
@@ -208,7 +210,9 @@ class FederatedTrainer(Trainer):
         """
         if datamodule is None and isinstance(train_dataloaders, LightningDataModule):
             datamodule, train_dataloaders = train_dataloaders, None
+        check_lightning_package(model)
         check_fit_setup(datamodule, train_dataloaders, val_dataloaders)
+        check_optimization_setup(self, model, datamodule)
         # Computed from the fresh objects, before training can change any attribute; every checkpoint carries it.
         fingerprint = experiment_fingerprint(self, model, datamodule)
         target = resolve_ckpt_path(self, ckpt_path, fingerprint)

@@ -69,3 +69,14 @@ def test_the_cli_reparses_a_checkpoint_only_in_the_method_federated_cli_override
     assert module_source.count("hyper_parameters") == 1, "Lightning reads checkpoint hyperparameters elsewhere too"
     assert module_source.count("torch.load(") == 1, "Lightning's CLI loads a checkpoint elsewhere too"
     assert FederatedCLI._parse_ckpt_path is not lightning_cli.LightningCLI._parse_ckpt_path
+
+
+def test_the_optimizer_parsing_that_the_early_module_check_uses():
+    """``run.setup_checks.check_optimization_setup`` parses ``configure_optimizers``'s output before the fit as
+    ``_init_optimizers_and_lr_schedulers`` does, with the same private helpers."""
+    from lightning.pytorch.core import optimizer
+
+    source = inspect.getsource(optimizer._init_optimizers_and_lr_schedulers)
+    for name in ("_configure_optimizers(", "_configure_schedulers_automatic_opt(", "_configure_schedulers_manual_opt("):
+        assert name in source, name
+    assert "_MockOptimizer()" in source

@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
 import re
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch.core.optimizer import (
+    _configure_optimizers,
+    _configure_schedulers_automatic_opt,
+    _configure_schedulers_manual_opt,
+    _MockOptimizer,
+)
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from lightning.pytorch.utilities.types import LRSchedulerConfig
 from torch import nn
+from torch.optim import Optimizer
 
 from lightning_fed.checks import InvalidArgumentError, check_bool, check_choice, check_int
 
@@ -237,24 +248,134 @@ def check_module_definition(module: LightningModule, name: str = "model") -> Non
         )
 
 
-def check_module_setup(trainer: FederatedTrainer, module: LightningModule) -> None:
-    """Checks what the lean client loop and the attached algorithms support, once the module is set up."""
-    check_module_definition(module)
+def check_lightning_package(model: Any, name: str = "model") -> None:
+    """A module (or module class) built on the ``pytorch_lightning`` package rather than ``lightning.pytorch``.
+
+    Both packages ship the same classes, but they are distinct types: Lightning's trainer refuses the other
+    package's module with "model must be a LightningModule", which does not say why.
+    """
+    cls = model if isinstance(model, type) else type(model)
+    if model is None or issubclass(cls, LightningModule):
+        return
+    if any(base.__module__.partition(".")[0] == "pytorch_lightning" for base in cls.__mro__):
+        raise TypeError(
+            f"`{name}` {cls.__name__} (in {cls.__module__}) is a LightningModule of the `pytorch_lightning` package;"
+            " lightning_fed is built on `lightning.pytorch`: change its import to `import lightning.pytorch as pl`"
+            " (or `from lightning.pytorch import LightningModule`)."
+        )
+
+
+def check_optimization_setup(
+    trainer: FederatedTrainer, module: LightningModule, datamodule: LightningDataModule | None = None
+) -> None:
+    """What the client loop supports of the module's optimisation: automatic optimisation, one optimizer, LR
+    schedulers stepped once per round (``interval='epoch'``, an integer ``frequency`` >= 1), and a plateau scheduler
+    that monitors a metric the run can log (not a validation metric when no validation runs).
+
+    The CLI runs it before anything is written, and the round loop when the rounds start. Before the fit,
+    ``configure_optimizers`` is called here on the module with the run's random state, warnings and the module's
+    trainer restored afterwards (Lightning calls it again at fit); a ``configure_optimizers`` that needs the fit
+    itself (``self.trainer.estimated_stepping_batches``) is then left to the check when the rounds start.
+
+    Args:
+        trainer: The federated trainer.
+        module: The module, set up by the fit (the trainer's optimizers are read) or not yet (they are built).
+        datamodule: The data, when it is not yet attached to ``trainer`` (before the fit).
+    """
+    if not isinstance(module, LightningModule):
+        return  # Lightning's fit refuses it, and `check_lightning_package` says why for a `pytorch_lightning` one
     if not module.automatic_optimization:
         raise ValueError(
             f"{type(module).__name__} uses manual optimisation (`automatic_optimization = False`), which"
             " FederatedTrainer does not support: let Lightning's automatic optimisation step one optimizer."
         )
-    if len(trainer.optimizers) != 1:
+    optimization = _optimization_of(trainer, module)
+    if optimization is None:
+        return
+    optimizers, configs = optimization
+    if len(optimizers) != 1:
         raise ValueError(
-            f"`configure_optimizers` returned {len(trainer.optimizers)} optimizers; FederatedTrainer needs exactly one."
+            f"`configure_optimizers` returned {len(optimizers)} optimizers; FederatedTrainer needs exactly one."
         )
-    for config in trainer.lr_scheduler_configs:
+    for config in configs:
+        scheduler = type(config.scheduler).__name__
         if config.interval != "epoch":
             raise ValueError(
-                f"LR scheduler {type(config.scheduler).__name__} has `interval={config.interval!r}`; federated"
+                f"LR scheduler {scheduler} has `interval={config.interval!r}`; federated"
                 " training steps schedulers once per round: return it with `interval='epoch'`."
             )
+        frequency = config.frequency
+        if not isinstance(frequency, int) or isinstance(frequency, bool) or frequency < 1:
+            raise ValueError(
+                f"LR scheduler {scheduler} has `frequency={frequency!r}`; it steps every `frequency` rounds:"
+                " return it with an integer `frequency` >= 1."
+            )
+        if config.reduce_on_plateau and config.strict and config.monitor is not None:
+            reason = _no_validation_reason(trainer, module, datamodule or trainer.datamodule)
+            if config.monitor.lower().startswith("val") and reason is not None:
+                raise ValueError(
+                    f"LR scheduler {scheduler} monitors {config.monitor!r}, a validation metric, but no validation"
+                    f" runs: {reason}. Monitor a metric a round logs (e.g. 'train/loss'), or give the run validation."
+                )
+
+
+def _optimization_of(
+    trainer: FederatedTrainer, module: LightningModule
+) -> tuple[list[Optimizer], list[LRSchedulerConfig]] | None:
+    """The module's optimizers and LR scheduler configs: the trainer's once the fit has set them up, else from a
+    call of ``configure_optimizers`` that leaves no trace (``None`` when it needs the fit to run)."""
+    if trainer.lightning_module is module:
+        return trainer.optimizers, trainer.lr_scheduler_configs
+    attached = module._trainer
+    rng = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            module.trainer = trainer
+            output: Any = module.configure_optimizers()
+    # Whatever it raises is raised again by Lightning's own call at fit, with its traceback; until then the module
+    # cannot be checked.
+    except Exception:
+        return None
+    finally:
+        module.trainer = attached
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optimizers, schedulers, monitor = _configure_optimizers(_MockOptimizer() if output is None else output)
+        if not module.automatic_optimization:
+            return optimizers, _configure_schedulers_manual_opt(schedulers)
+        return optimizers, _configure_schedulers_automatic_opt(schedulers, monitor)
+
+
+def _no_validation_reason(
+    trainer: FederatedTrainer, module: LightningModule, datamodule: LightningDataModule | None
+) -> str | None:
+    """Why Lightning's validation never runs in this fit, or ``None`` when it runs (or that cannot be told)."""
+    if not is_overridden("validation_step", module, LightningModule):
+        return f"{type(module).__name__} defines no `validation_step`"
+    if trainer.limit_val_batches == 0:
+        return "`limit_val_batches` is 0"
+    if datamodule is None:
+        return None
+    if not is_overridden("val_dataloader", datamodule, LightningDataModule):
+        return f"{type(datamodule).__name__} has no `val_dataloader`"
+    try:
+        loaders = datamodule.val_dataloader()
+    # A datamodule that is not set up yet (a process launched by a cluster): validation is assumed to run.
+    except Exception:
+        return None
+    if loaders is None or isinstance(loaders, (list, tuple)) and not loaders:
+        hint = " (set `val_fraction` > 0)" if hasattr(datamodule, "val_fraction") else ""
+        return f"the datamodule has no validation data{hint}"
+    return None
+
+
+def check_module_setup(trainer: FederatedTrainer, module: LightningModule) -> None:
+    """Checks what the lean client loop and the attached algorithms support, once the module is set up."""
+    check_module_definition(module)
+    check_optimization_setup(trainer, module)
     check_loss_scaling(trainer)
     num_clients = trainer.datamodule.num_clients
     if num_clients < 1:
