@@ -164,6 +164,16 @@ CASES = [
     ("backbone_classes_disagree", [f"{MODEL}.backbone.init_args.num_classes", "7"], "backbone.init_args.num_classes"),
     ("unknown_model_key", [f"{MODEL}.lrr", "0.1"], "model.init_args.lrr"),
     ("no_configure_optimizers", ["--model", f"{FAULTS}.NoOptimizerClassifier"], "configure_optimizers"),
+    ("manual_optimization", ["--model", f"{FAULTS}.ManualOptimizationClassifier"], "manual optimisation"),
+    ("two_optimizers", ["--model", f"{FAULTS}.TwoOptimizerClassifier"], "returned 2 optimizers"),
+    ("scheduler_interval_step", ["--model", f"{FAULTS}.SchedulerClassifier", f"{MODEL}.interval", "step"], "interval"),
+    ("scheduler_frequency_0", ["--model", f"{FAULTS}.SchedulerClassifier", f"{MODEL}.frequency", "0"], "frequency=0"),
+    (
+        "plateau_monitors_validation_without_validation_data",
+        ["--model", f"{FAULTS}.SchedulerClassifier", f"{MODEL}.monitor", "val_loss"],
+        "monitors 'val_loss'",
+    ),
+    ("pytorch_lightning_module", ["--model", f"{FAULTS}.PytorchLightningClassifier"], "import lightning.pytorch as pl"),
     ("backbone_channels_0", [f"{MODEL}.backbone.init_args.channels", "0"], "backbone.init_args.channels"),
     # The datamodule
     ("batch_size_0", [f"{DATA}.batch_size", "0"], "data.init_args.batch_size"),

@@ -49,10 +49,12 @@ from lightning_fed.run.setup_checks import (
     check_checkpoint_path,
     check_clients_per_round,
     check_epoch_args,
+    check_lightning_package,
     check_lightning_settings,
     check_loss_scaling,
     check_module_definition,
     check_num_classes,
+    check_optimization_setup,
     check_output_dir,
     check_seed_everything,
 )
@@ -149,6 +151,9 @@ class FederatedCLI(LightningCLI):
             # jsonargparse's `ImportDenied` (an ImportError) is private: it is known by its message.
             denied = next((_DENIED.search(str(link)) for link in exception_chain(error) if _is_denial(link)), None)
             if denied is None:
+                given = _GIVEN_MODEL.search(str(error))
+                if given is not None:
+                    check_lightning_package(_loaded_class(given.group(1)))
                 raise
             raise _denied_import_error(error, *denied.groups()) from error
         subcommand = self.config.get("subcommand")
@@ -208,6 +213,7 @@ class FederatedCLI(LightningCLI):
                 datamodule.prepare_data()
                 datamodule.setup(stage)
             check_module_definition(model)
+            check_optimization_setup(trainer, model, datamodule)
             check_run_ids(trainer)
             with _prefixed("trainer."):
                 check_num_classes(model, datamodule, name="model.init_args.num_classes")
@@ -248,6 +254,16 @@ class CLIProgress:
 
 
 _DENIED = re.compile(r"Importing '([^']+)' is not allowed, denied by the '([^']+)' entry")
+
+
+# The class a `model` entry named, in the parser's error: the value itself, or the `class_path` of a mapping.
+_GIVEN_MODEL = re.compile(r'Parser key "model":.*Given value: (?:\{.*?\'class_path\': \')?([A-Za-z_][\w.]*)', re.S)
+
+
+def _loaded_class(path: str) -> Any:
+    """The class at an import path that the parser has already imported (nothing is imported here), or ``None``."""
+    module_name, _, name = path.rpartition(".")
+    return getattr(sys.modules.get(module_name), name, None)
 
 
 def _is_denial(error: BaseException) -> bool:

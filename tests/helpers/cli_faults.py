@@ -1,10 +1,13 @@
 """Components a test config names by class path to make a run meet a fault: bad test labels, a module without
-``configure_optimizers``, a ``training_step`` that raises on one client in one round."""
+``configure_optimizers``, a ``training_step`` that raises on one client in one round, modules whose optimisation
+the client loop refuses, and a module of the ``pytorch_lightning`` package."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytorch_lightning as pl
+import torch
 from lightning.pytorch import LightningModule
 
 from lightning_fed.datamodules import MNIST1DFederated
@@ -46,3 +49,54 @@ class TellClient(FedCallback):
 
     def on_client_start(self, trainer: Any, pl_module: LightningModule, client_ctx: Any) -> None:
         pl_module.current = (client_ctx.round_idx, client_ctx.client_id)  # type: ignore[assignment]
+
+
+class ManualOptimizationClassifier(ClassifierModule):
+    """A classifier that steps its own optimizer (`automatic_optimization = False`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.automatic_optimization = False
+
+
+class TwoOptimizerClassifier(ClassifierModule):
+    """A classifier whose `configure_optimizers` returns two optimizers."""
+
+    def configure_optimizers(self) -> Any:
+        return [torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.SGD(self.parameters(), lr=0.01)]
+
+
+class SchedulerClassifier(ClassifierModule):
+    """A classifier with an LR scheduler configured by `interval`, `frequency` and, for a plateau, `monitor`."""
+
+    def __init__(
+        self, *args: Any, interval: str = "epoch", frequency: int = 1, monitor: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.interval, self.frequency, self.monitor = interval, frequency, monitor
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        if self.monitor is None:
+            scheduler: Any = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+        else:
+            scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+        config = {"scheduler": scheduler, "interval": self.interval, "frequency": self.frequency}
+        if self.monitor is not None:
+            config["monitor"] = self.monitor
+        return {"optimizer": optimizer, "lr_scheduler": config}
+
+
+class PytorchLightningClassifier(pl.LightningModule):
+    """A module written against the `pytorch_lightning` package, as Flower's Lightning examples are."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.layer = torch.nn.LazyLinear(num_classes)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.layer(x.flatten(1)), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
