@@ -173,7 +173,11 @@ CASES = [
         ["--model", f"{FAULTS}.SchedulerClassifier", f"{MODEL}.monitor", "val_loss"],
         "monitors 'val_loss'",
     ),
-    ("pytorch_lightning_module", ["--model", f"{FAULTS}.PytorchLightningClassifier"], "import lightning.pytorch as pl"),
+    (
+        "pytorch_lightning_module",
+        ["--model", "tests.helpers.pl_module.PytorchLightningClassifier"],
+        "import lightning.pytorch as pl",
+    ),
     ("backbone_channels_0", [f"{MODEL}.backbone.init_args.channels", "0"], "backbone.init_args.channels"),
     # The datamodule
     ("batch_size_0", [f"{DATA}.batch_size", "0"], "data.init_args.batch_size"),

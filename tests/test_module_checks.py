@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
-from helpers.cli_faults import PytorchLightningClassifier
+from helpers.pl_module import PytorchLightningClassifier
 
 from lightning_fed.run.setup_checks import check_lightning_package, check_optimization_setup
 

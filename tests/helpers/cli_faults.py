@@ -1,12 +1,11 @@
 """Components a test config names by class path to make a run meet a fault: bad test labels, a module without
-``configure_optimizers``, a ``training_step`` that raises on one client in one round, modules whose optimisation
-the client loop refuses, and a module of the ``pytorch_lightning`` package."""
+``configure_optimizers``, a ``training_step`` that raises on one client in one round and modules whose
+optimisation the client loop refuses."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 from lightning.pytorch import LightningModule
 
@@ -85,18 +84,3 @@ class SchedulerClassifier(ClassifierModule):
         if self.monitor is not None:
             config["monitor"] = self.monitor
         return {"optimizer": optimizer, "lr_scheduler": config}
-
-
-class PytorchLightningClassifier(pl.LightningModule):
-    """A module written against the `pytorch_lightning` package, as Flower's Lightning examples are."""
-
-    def __init__(self, num_classes: int = 10) -> None:
-        super().__init__()
-        self.layer = torch.nn.LazyLinear(num_classes)
-
-    def training_step(self, batch: Any, batch_idx: int) -> Any:
-        x, y = batch
-        return torch.nn.functional.cross_entropy(self.layer(x.flatten(1)), y)
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
