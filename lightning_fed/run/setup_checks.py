@@ -15,7 +15,11 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
+from lightning_fed.aggregation import Aggregator
+from lightning_fed.callbacks.warmup import SharedDataWarmup
+from lightning_fed.callbacks.weight_divergence import WeightDivergence
 from lightning_fed.checks import InvalidArgumentError, check_bool, check_choice, check_int
+from lightning_fed.hooks import FedCallback
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -240,25 +244,77 @@ def check_module_definition(module: LightningModule, name: str = "model") -> Non
 def check_module_setup(trainer: FederatedTrainer, module: LightningModule) -> None:
     """Checks what the lean client loop and the attached algorithms support, once the module is set up."""
     check_module_definition(module)
-    if not module.automatic_optimization:
+    refusal = manual_optimization_refusal(trainer, module)
+    if refusal is not None:
+        raise ValueError(refusal)
+    if module.automatic_optimization and len(trainer.optimizers) != 1:
         raise ValueError(
-            f"{type(module).__name__} uses manual optimisation (`automatic_optimization = False`), which"
-            " FederatedTrainer does not support: let Lightning's automatic optimisation step one optimizer."
+            f"`configure_optimizers` returned {len(trainer.optimizers)} optimizers; automatic optimisation steps"
+            " exactly one (step several in `training_step` with `automatic_optimization = False`)."
         )
-    if len(trainer.optimizers) != 1:
-        raise ValueError(
-            f"`configure_optimizers` returned {len(trainer.optimizers)} optimizers; FederatedTrainer needs exactly one."
-        )
-    for config in trainer.lr_scheduler_configs:
-        if config.interval != "epoch":
-            raise ValueError(
-                f"LR scheduler {type(config.scheduler).__name__} has `interval={config.interval!r}`; federated"
-                " training steps schedulers once per round: return it with `interval='epoch'`."
-            )
+    refusal = step_scheduler_refusal(trainer, module)
+    if refusal is not None:
+        raise ValueError(refusal)
     check_loss_scaling(trainer)
     num_clients = trainer.datamodule.num_clients
     if num_clients < 1:
         raise ValueError("The datamodule has no clients: check the partitioner's `num_partitions`.")
+
+
+# What a FedCallback overrides to act inside a client's optimizer step or loss, which manual optimisation leaves to
+# the module's own `training_step`.
+_IN_STEP_HOOKS = ("client_loss", "on_client_before_optimizer_step", "on_client_after_optimizer_step")
+
+
+def manual_optimization_refusal(trainer: FederatedTrainer, module: LightningModule) -> str | None:
+    """Why this fit cannot train ``module`` with manual optimisation (``automatic_optimization = False``), in one
+    line, or ``None`` when it can (or the module optimises automatically).
+
+    Under manual optimisation the module's ``training_step`` takes its own optimizer steps, so an algorithm that
+    acts inside a client's step cannot: a ``client_loss`` term (FedProx, FedCurv, the penalties, rFedAvg) or a
+    per-step hook (SCAFFOLD, APFL). Neither can a pass that differentiates or probes ``training_step`` (q-FedAvg's
+    loss probe), a central pass with its own optimizer (the shared-data warm-up, the SGD twin), batched clients
+    (``client_parallelism`` above 1), fp16 loss scaling, or kept optimizer state for several optimizers. Algorithms
+    that act on the updates (FedAvg, the server optimizers, robust rules, DP-FedAvg, ...) need none of these.
+    """
+    if module.automatic_optimization:
+        return None
+    prefix = f"{type(module).__name__} uses manual optimisation (`automatic_optimization = False`), which"
+    fix = "use automatic optimisation (one optimizer, a loss returned from `training_step`) or drop"
+    for callback in trainer.callbacks:
+        name = type(callback).__name__
+        if isinstance(callback, (SharedDataWarmup, WeightDivergence)):
+            return f"{prefix} {name} cannot follow: it trains centrally with an optimizer of its own; {fix} {name}."
+        if isinstance(callback, FedCallback):
+            hooks = [hook for hook in _IN_STEP_HOOKS if is_overridden(hook, callback, FedCallback)]
+            if hooks:
+                reason = f"it acts inside each optimizer step (`{hooks[0]}`)"
+                return f"{prefix} {name} cannot follow: {reason}; {fix} {name}."
+    aggregator = trainer.aggregator
+    if is_overridden("probe_client", aggregator, Aggregator):
+        name = type(aggregator).__name__
+        return f"{prefix} {name} cannot follow: its client probe evaluates `training_step`; {fix} {name}."
+    if isinstance(trainer.client_parallelism, int) and trainer.client_parallelism > 1:
+        return f"{prefix} batched clients cannot follow: set `client_parallelism: 1`."
+    if getattr(trainer.strategy.precision_plugin, "scaler", None) is not None:
+        return f"{prefix} fp16 loss scaling does not cover: use precision 'bf16-mixed' or '32-true'."
+    if trainer.keep_optimizer_state and len(trainer.optimizers) > 1:
+        return f"{prefix} keep_optimizer_state keeps for one optimizer only: set `keep_optimizer_state: false`."
+    return None
+
+
+def step_scheduler_refusal(trainer: FederatedTrainer, module: LightningModule) -> str | None:
+    """Why a step-interval LR scheduler of this fit cannot run, or ``None``: a ``ReduceLROnPlateau`` needs a metric
+    after every step, which a client's training does not produce (its epoch interval steps it once per round)."""
+    if not module.automatic_optimization:
+        return None
+    for config in trainer.lr_scheduler_configs:
+        if config.interval == "step" and config.reduce_on_plateau:
+            return (
+                f"LR scheduler {type(config.scheduler).__name__} with `interval='step'` needs a monitored metric after"
+                " every client step: return it with `interval='epoch'` (stepped once per round, after validation)."
+            )
+    return None
 
 
 def check_no_sync_batchnorm(module: nn.Module, world_size: int) -> None:
