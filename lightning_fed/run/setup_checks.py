@@ -288,9 +288,12 @@ def manual_optimization_refusal(trainer: FederatedTrainer, module: LightningModu
         if isinstance(callback, FedCallback):
             hooks = [hook for hook in _IN_STEP_HOOKS if is_overridden(hook, callback, FedCallback)]
             if hooks:
-                reason = f"it acts inside each optimizer step (`{hooks[0]}`)"
+                reason = f"it acts on each training step's loss or optimizer step (`{hooks[0]}`)"
                 return f"{prefix} {name} cannot follow: {reason}; {fix} {name}."
-    aggregator = trainer.aggregator
+    aggregator: Any = trainer.aggregator
+    # A wrapper (NormBound) forwards its probe to the rule it wraps: the innermost rule decides.
+    while isinstance(getattr(aggregator, "aggregator", None), Aggregator):
+        aggregator = aggregator.aggregator
     if is_overridden("probe_client", aggregator, Aggregator):
         name = type(aggregator).__name__
         return f"{prefix} {name} cannot follow: its client probe evaluates `training_step`; {fix} {name}."
