@@ -20,6 +20,7 @@ from lightning_fed.engine.loop import install_round_loop
 from lightning_fed.engine.rejection import warn_if_many_rejected
 from lightning_fed.engine.round import RoundRunner
 from lightning_fed.engine.sampling import UniformClientSampler
+from lightning_fed.engine.step_counter import client_step_counts, run_steps
 from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.parallel import distributed
 from lightning_fed.parallel.distributed import check_world_size
@@ -181,6 +182,23 @@ class FederatedTrainer(Trainer):
         if isinstance(clients_per_round, int):
             check_world_size(self.world_size, clients_per_round)
         install_round_loop(self)
+
+    @property
+    def estimated_stepping_batches(self) -> int:
+        """The optimizer steps of the whole run, for sizing step-interval schedules (``OneCycleLR(total_steps=...)``).
+
+        ``num_rounds - 1`` rounds of a client of average length, then the longest client's steps: a client's steps
+        in a round follow from its training batches (the datamodule's client sizes and batch size),
+        ``local_epochs``/``local_steps`` and ``accumulate_grad_batches``. Each round a step-interval schedule
+        advances by the steps of a client of average length (see the README, "Step-interval LR schedulers"), so
+        with clients of equal size the schedule ends exactly with the last round, and with uneven clients no client
+        steps past it. Read it in ``configure_optimizers`` (the datamodule is set up by then).
+        """
+        if self.datamodule is None:
+            raise RuntimeError(
+                "`estimated_stepping_batches` needs the fit's FederatedDataModule: read it in `configure_optimizers`."
+            )
+        return run_steps(client_step_counts(self), self.num_rounds)
 
     def fit(
         self,

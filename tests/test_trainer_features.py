@@ -148,27 +148,6 @@ def test_plain_dataloaders_are_refused_with_a_hint(tmp_path):
         fast_trainer(tmp_path).fit(BoringClassifier(), dm.train_dataloader())
 
 
-def test_manual_optimisation_is_refused(tmp_path):
-    class Manual(BoringClassifier):
-        def __init__(self):
-            super().__init__()
-            self.automatic_optimization = False
-
-    with pytest.raises(ValueError, match="manual optimisation"):
-        fast_trainer(tmp_path).fit(Manual(), datamodule=make_datamodule())
-
-
-def test_step_interval_scheduler_is_refused(tmp_path):
-    class Stepwise(BoringClassifier):
-        def configure_optimizers(self):
-            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
-            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    with pytest.raises(ValueError, match="interval='epoch'"):
-        fast_trainer(tmp_path).fit(Stepwise(), datamodule=make_datamodule())
-
-
 def test_fp16_loss_scaling_is_refused_for_algorithms_that_count_steps(tmp_path):
     from types import SimpleNamespace
 

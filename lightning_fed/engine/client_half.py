@@ -28,7 +28,7 @@ from lightning_fed.aggregation import Aggregator
 from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.engine.batched.training import ClientGroups
 from lightning_fed.engine.dispatch import HookDispatcher
-from lightning_fed.engine.local_training import LocalTrainer
+from lightning_fed.engine.local_training import LocalTrainer, RoundSchedulers
 from lightning_fed.engine.rejection import failure_note, finite_tree, reject_client
 from lightning_fed.engine.seeding import derive_seed, seed_torch
 from lightning_fed.engine.step_counter import StepCounter
@@ -93,7 +93,8 @@ class ClientHalf:
         self.hooks = hooks
         self.boundary: Boundary = boundary if boundary is not None else _never_stop
         self.datamodule = trainer.datamodule
-        self.local = LocalTrainer(trainer, module, mode="client", steps=steps)
+        self.schedulers = RoundSchedulers(trainer, module)
+        self.local = LocalTrainer(trainer, module, mode="client", steps=steps, schedulers=self.schedulers)
         self.batched = ClientGroups(trainer, module, steps, hooks)
         # A probe costs a pass over the client's data: only aggregators that define one get a loader.
         self._aggregator_probes = is_overridden("probe_client", trainer.aggregator, Aggregator)
@@ -115,19 +116,28 @@ class ClientHalf:
         self.steps.start_round()
         share = ClientShare()
         held: list[ClientUpdate] = []
-        for group in self._groups_until_stopped(round_ctx, client_ids):
-            try:
-                updates = (
-                    self._train_group(round_ctx, group) if len(group) > 1 else [self._train_client(round_ctx, group[0])]
-                )
-            except Exception as error:
-                error.add_note(failure_note(self.trainer, round_ctx.round_idx, group))
-                raise
-            for update in updates:
-                if update is not None:
-                    share.train_metrics[update.client_id] = update.metrics
-                    if update.held:
-                        held.append(update)
+        self.schedulers.open_round(round_ctx.round_idx)
+        completed = False
+        try:
+            for group in self._groups_until_stopped(round_ctx, client_ids):
+                try:
+                    updates = (
+                        self._train_group(round_ctx, group)
+                        if len(group) > 1
+                        else [self._train_client(round_ctx, group[0])]
+                    )
+                except Exception as error:
+                    error.add_note(failure_note(self.trainer, round_ctx.round_idx, group))
+                    raise
+                for update in updates:
+                    if update is not None:
+                        share.train_metrics[update.client_id] = update.metrics
+                        if update.held:
+                            held.append(update)
+            completed = True
+        finally:
+            # Every rank advances the schedules alike, whichever clients it trained (RoundSchedulers).
+            self.schedulers.close_round(completed)
         self._release_held(round_ctx, held, share.train_metrics)
         share.rejected = round_ctx.rejected[rejected_before:]
         share.steps = self.steps.round_steps
@@ -278,7 +288,10 @@ class ClientHalf:
         return dict(self.trainer.aggregator.probe_client(self.trainer, self.module, ctx, loader))
 
     def _client_optimizer(self, client_id: int) -> Optimizer:
-        """The trainer's optimizer, with fresh state (or the client's own state when it is kept)."""
+        """The trainer's optimizer, with fresh state (or the client's own state when it is kept), and the LR
+        schedulers at the round's state. Under manual optimisation the module's other optimizers start fresh too
+        (:class:`LocalTrainer`)."""
+        self.schedulers.start_client()
         optimizer = self.trainer.optimizers[0]
         optimizer.state.clear()
         store = self.trainer.federation_state.store

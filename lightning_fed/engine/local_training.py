@@ -3,9 +3,11 @@ fine-tuning, the warm-up on shared data and the weight-divergence SGD twin all r
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning.pytorch import LightningModule
+from lightning.pytorch.core.optimizer import LightningOptimizer, do_nothing_closure
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.optim import Optimizer
@@ -15,7 +17,7 @@ from lightning_fed.checks import check_choice
 from lightning_fed.context import ClientContext
 from lightning_fed.engine.dispatch import HookDispatcher, check_step_hooks
 from lightning_fed.engine.log_buffer import LogBuffer, batch_size_of, buffered_logging
-from lightning_fed.engine.step_counter import StepCounter
+from lightning_fed.engine.step_counter import StepCounter, client_step_counts, steps_per_round
 from lightning_fed.engine.training_step import (
     _TRANSFER_HOOKS,
     _share_of_step,
@@ -32,6 +34,88 @@ if TYPE_CHECKING:
 
 TrainingMode = Literal["client", "plain", "central"]
 TRAINING_MODES: tuple[TrainingMode, ...] = ("client", "plain", "central")
+
+
+class RoundSchedulers:
+    """The LR schedulers of a fit seen from a round: every client starts from the round's scheduler state, and a
+    step-interval schedule advances by the local steps a client takes.
+
+    * Each client of a round starts from the schedulers' state (and the optimizers' hyperparameters they set, such
+      as ``lr`` and OneCycle's momentum) at the round's start; what one client's steps did never reaches another.
+    * Under automatic optimisation a scheduler with ``interval="step"`` steps after the client's optimizer steps,
+      on the schedule's own axis: round ``r`` starts at position ``r * A``, where ``A`` is the steps of a client of
+      average length (:func:`~lightning_fed.engine.step_counter.steps_per_round`, a constant of the fit), and the
+      scheduler steps after local step ``k`` when ``(r * A + k) % frequency == 0``.
+    * After the round the state is the round's start advanced by ``A`` steps (the scheduler steps the number of
+      multiples of ``frequency`` in ``(r * A, (r + 1) * A]``), so after ``R`` rounds the schedule is at ``R * A``,
+      whichever clients were sampled: deterministic, and only the scheduler's own state is checkpointed.
+    * Epoch-interval schedulers step once per round in the round loop, as before. Under manual optimisation the
+      module steps its schedulers itself (Lightning's rule); a client's changes are undone after it, so only what
+      the module does outside ``training_step`` (``on_train_epoch_end``) carries over rounds.
+
+    Args:
+        module: The user's LightningModule, attached to the federated trainer (its ``lr_scheduler_configs``).
+        trainer: The federated trainer (settings and datamodule, for ``A``).
+    """
+
+    def __init__(self, trainer: FederatedTrainerView, module: LightningModule) -> None:
+        self.trainer = trainer
+        self.module = module
+        self._snapshot: list[Any] | None = None
+        self._position = 0
+        self._per_round: int | None = None
+        self._steppers: list[Any] = []
+
+    def _configs(self) -> list[Any]:
+        return list(self.module.trainer.lr_scheduler_configs)
+
+    def _stepwise(self) -> list[Any]:
+        if not self.module.automatic_optimization:
+            return []
+        return [config for config in self._configs() if config.interval == "step"]
+
+    def open_round(self, round_idx: int) -> None:
+        """Records the round's scheduler state; clients start from it."""
+        configs = self._configs()
+        self._steppers = self._stepwise()
+        if not configs:
+            self._snapshot = None
+            return
+        optimizers = self.module.trainer.optimizers
+        hyperparameters = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in optimizers]
+        self._snapshot = copy.deepcopy([[config.scheduler.state_dict() for config in configs], hyperparameters])
+        if self._steppers:
+            if self._per_round is None:
+                self._per_round = steps_per_round(client_step_counts(self.trainer))
+            self._position = round_idx * self._per_round
+
+    def start_client(self) -> None:
+        """Puts the schedulers (and the hyperparameters they set) back to the round's state."""
+        if self._snapshot is None:
+            return
+        schedulers, groups = self._snapshot
+        for config, state in zip(self._configs(), schedulers):
+            config.scheduler.load_state_dict(copy.deepcopy(state))
+        for optimizer, saved in zip(self.module.trainer.optimizers, groups):
+            for group, hyper in zip(optimizer.param_groups, saved):
+                group.update(copy.deepcopy(hyper))
+
+    def after_step(self, local_step: int) -> None:
+        """Steps the step-interval schedulers after a client's ``local_step``-th optimizer step (from 1)."""
+        position = self._position + local_step
+        for config in self._steppers:
+            if position % config.frequency == 0:
+                config.scheduler.step()
+
+    def close_round(self, completed: bool) -> None:
+        """Back to the round's state; a completed round then advances the step-interval schedules by ``A`` steps."""
+        self.start_client()
+        if not completed or self._snapshot is None or self._per_round is None:
+            return
+        start, end = self._position, self._position + self._per_round
+        for config in self._steppers:
+            for _ in range(end // config.frequency - start // config.frequency):
+                config.scheduler.step()
 
 
 class LocalTrainer:
@@ -65,6 +149,13 @@ class LocalTrainer:
         module: The user's LightningModule.
         mode: ``"client"``, ``"plain"`` or ``"central"`` (above).
         steps: Counts the optimizer steps of ``"client"`` passes; ``None`` counts nothing.
+        schedulers: Steps the step-interval LR schedulers after a client's optimizer steps (``"client"`` mode).
+
+    Under manual optimisation (``automatic_optimization = False``) the module's ``training_step`` steps its own
+    optimizers (``self.optimizers()``, ``manual_backward``, ``toggle_optimizer``), as in Lightning: no loss is taken
+    from it, nothing is clipped or accumulated here, and every optimizer step it takes counts (``ctx.num_steps``,
+    ``global_step``, as Lightning's ``global_step`` counts them). ``epochs``/``steps`` then count batches, and the
+    module's optimizers other than the one passed to :meth:`fit` start with fresh state.
 
     Raises:
         TypeError: If a callback overrides a per-step hook with its old signature (:func:`check_step_hooks`).
@@ -76,12 +167,14 @@ class LocalTrainer:
         module: LightningModule,
         mode: TrainingMode = "client",
         steps: StepCounter | None = None,
+        schedulers: RoundSchedulers | None = None,
     ) -> None:
         self.trainer = trainer
         self.module = module
         self.mode = check_choice("mode", mode, TRAINING_MODES)
         self._federated = mode == "client"
         self.steps = steps if self._federated else None
+        self.schedulers = schedulers if self._federated else None
         self.hooks = HookDispatcher(
             trainer, module, callbacks=[] if mode == "central" else None, module_hooks=mode != "central"
         )
@@ -127,6 +220,8 @@ class LocalTrainer:
         module = self.module
         module.train()
         optimizer.zero_grad(set_to_none=True)
+        if not module.automatic_optimization:
+            return self._fit_manual(dataloader, optimizer, epochs, steps, ctx)
         accumulate = accumulation_of(self.trainer)
         # Looked up once per pass: the strategy's precision plugin does not change within a fit.
         self._scaler = getattr(self.trainer.strategy.precision_plugin, "scaler", None)
@@ -143,6 +238,60 @@ class LocalTrainer:
         with rank_local_metrics(module):
             return self.buffer.compute()
 
+    def _fit_manual(
+        self,
+        dataloader: DataLoader,
+        optimizer: Optimizer,
+        epochs: int | None,
+        steps: int | None,
+        ctx: ClientContext | None,
+    ) -> dict[str, float]:
+        """The module steps its own optimizers; each step it takes is counted through Lightning's optimizer wrapper
+        (the hook Lightning's manual-optimisation loop uses)."""
+        module = self.module
+        if self.mode == "central":
+            raise ValueError(
+                f"{type(module).__name__} uses manual optimisation: a central pass with an optimizer of its own"
+                " (the shared-data warm-up, the SGD twin) cannot make the module step it."
+            )
+        wrapped = module.optimizers()
+        optimizers: list[LightningOptimizer] = wrapped if isinstance(wrapped, list) else [wrapped]
+        for wrapper in optimizers:
+            if wrapper.optimizer is not optimizer:
+                wrapper.optimizer.state.clear()
+            wrapper.optimizer.zero_grad(set_to_none=True)
+            wrapper._on_after_step = lambda: self._count_step(ctx)
+        try:
+            with buffered_logging(module, self.buffer):
+                for batch_idx, batch, _ in client_batches(dataloader, epochs, steps, 1):
+                    if self._manual_step(ctx, batch, batch_idx) == -1:
+                        break
+        finally:
+            for wrapper in optimizers:
+                wrapper._on_after_step = do_nothing_closure
+        with rank_local_metrics(module):
+            return self.buffer.compute()
+
+    def _manual_step(self, ctx: ClientContext | None, batch: Any, batch_idx: int) -> int | None:
+        trainer, module = self.trainer, self.module
+        batch = self._prepare(ctx, batch)
+        if -1 in self._call("on_train_batch_start", batch, batch_idx):
+            return -1
+        with trainer.strategy.precision_plugin.train_step_context():
+            output = module.training_step(batch, batch_idx)
+        self._call("on_train_batch_end", output, batch, batch_idx)
+        return None
+
+    def _prepare(self, ctx: ClientContext | None, batch: Any) -> Any:
+        if self._needs_transfer:
+            batch = self.trainer.strategy.batch_to_device(batch)
+        if self._federated:
+            assert ctx is not None
+            for transform in ctx.batch_transforms:
+                batch = transform(batch)
+        self.buffer.current_batch_size = batch_size_of(batch)
+        return batch
+
     def _step(
         self,
         ctx: ClientContext | None,
@@ -153,13 +302,7 @@ class LocalTrainer:
         boundary: bool,
     ) -> int | None:
         trainer, module = self.trainer, self.module
-        if self._needs_transfer:
-            batch = trainer.strategy.batch_to_device(batch)
-        if self._federated:
-            assert ctx is not None
-            for transform in ctx.batch_transforms:
-                batch = transform(batch)
-        self.buffer.current_batch_size = batch_size_of(batch)
+        batch = self._prepare(ctx, batch)
         if -1 in self._call("on_train_batch_start", batch, batch_idx):
             return -1
         loss, output = training_loss(trainer, module, batch, batch_idx)
@@ -199,13 +342,18 @@ class LocalTrainer:
                 callback.on_client_after_optimizer_step(trainer, module, step)
         self._call("on_before_zero_grad", optimizer)
         optimizer.zero_grad(set_to_none=True)
+        self._count_step(ctx)
+
+    def _count_step(self, ctx: ClientContext | None) -> None:
         if ctx is not None:
             ctx.num_steps += 1
         if self._federated and self.steps is not None:
             self.steps.add()
+        if self.schedulers is not None and ctx is not None:
+            self.schedulers.after_step(ctx.num_steps)
 
     def _call(self, hook: str, *args: Any) -> list[Any]:
         return self.hooks.call_lightning(hook, *args)
 
 
-__all__ = ["TRAINING_MODES", "LocalTrainer", "TrainingMode"]
+__all__ = ["TRAINING_MODES", "LocalTrainer", "RoundSchedulers", "TrainingMode"]

@@ -133,7 +133,11 @@ class _RoundLoop(_TrainingEpochLoop):
             trainer.finish_round(result)
 
     def _count_step(self, steps: int) -> None:
-        step = self.automatic_optimization.optim_progress.optimizer.step
+        # Lightning's `global_step` reads the manual loop's progress under manual optimisation.
+        if self.trainer.lightning_module.automatic_optimization:
+            step = self.automatic_optimization.optim_progress.optimizer.step
+        else:
+            step = self.manual_optimization.optim_step_progress
         for _ in range(steps):
             step.increment_ready()
             step.increment_completed()

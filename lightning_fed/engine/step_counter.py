@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lightning_fed.hooks import FederatedTrainerView
 
 
 class StepCounter:
@@ -41,4 +46,41 @@ class StepCounter:
             self._advance(steps)
 
 
-__all__ = ["StepCounter"]
+def client_steps(num_batches: int, local_epochs: int | None, local_steps: int | None, accumulate: int) -> int:
+    """The optimizer steps a client with ``num_batches`` training batches takes in one round (as
+    :func:`~lightning_fed.engine.training_step.client_batches` yields them: an epoch's last batch ends a step)."""
+    if num_batches <= 0:
+        return 0
+    if local_steps is not None:
+        return local_steps
+    return (local_epochs or 1) * math.ceil(num_batches / max(1, accumulate))
+
+
+def client_step_counts(trainer: FederatedTrainerView) -> list[int]:
+    """The optimizer steps each registered client takes in a round, from the datamodule's client loaders (set up),
+    ``local_epochs``/``local_steps`` and ``accumulate_grad_batches``. Under manual optimisation a step is a batch."""
+    datamodule = trainer.datamodule
+    accumulate = max(1, int(trainer.accumulate_grad_batches))
+    counts = []
+    for client_id in range(datamodule.num_clients):
+        # With `local_steps` every client that has data takes exactly that many: no loader is built.
+        num_batches = 1 if trainer.local_steps is not None else len(datamodule.client_dataloader(client_id, seed=0))
+        counts.append(client_steps(num_batches, trainer.local_epochs, trainer.local_steps, accumulate))
+    return counts
+
+
+def steps_per_round(counts: list[int]) -> int:
+    """The steps of a client of average length (the mean, rounded half up): how far a step-interval schedule
+    advances per round."""
+    return (2 * sum(counts) + len(counts)) // (2 * len(counts)) if counts else 0
+
+
+def run_steps(counts: list[int], num_rounds: int) -> int:
+    """``trainer.estimated_stepping_batches`` of a run: ``num_rounds - 1`` rounds of a client of average length,
+    then the longest client's steps, so that no client's schedule passes the end (``OneCycleLR`` would raise)."""
+    if not counts:
+        return 0
+    return (num_rounds - 1) * steps_per_round(counts) + max(counts)
+
+
+__all__ = ["StepCounter", "client_step_counts", "client_steps", "run_steps", "steps_per_round"]

@@ -26,7 +26,11 @@ from lightning.pytorch.utilities.types import LRSchedulerConfig
 from torch import nn
 from torch.optim import Optimizer
 
+from lightning_fed.aggregation import Aggregator
+from lightning_fed.callbacks.warmup import SharedDataWarmup
+from lightning_fed.callbacks.weight_divergence import WeightDivergence
 from lightning_fed.checks import InvalidArgumentError, check_bool, check_choice, check_int
+from lightning_fed.hooks import FedCallback
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -268,9 +272,11 @@ def check_lightning_package(model: Any, name: str = "model") -> None:
 def check_optimization_setup(
     trainer: FederatedTrainer, module: LightningModule, datamodule: LightningDataModule | None = None
 ) -> None:
-    """What the client loop supports of the module's optimisation: automatic optimisation, one optimizer, LR
-    schedulers stepped once per round (``interval='epoch'``, an integer ``frequency`` >= 1), and a plateau scheduler
-    that monitors a metric the run can log (not a validation metric when no validation runs).
+    """What the client loop supports of the module's optimisation: automatic optimisation of one optimizer, or
+    manual optimisation where the fit's algorithms allow it (:func:`manual_optimization_refusal`); LR schedulers
+    with an integer ``frequency`` >= 1, stepped per round (``interval='epoch'``) or per client step
+    (``interval='step'``, but not a plateau scheduler, which needs a metric after every step); and a plateau
+    scheduler that monitors a metric the run can log (not a validation metric when no validation runs).
 
     The CLI runs it before anything is written, and the round loop when the rounds start. Before the fit,
     ``configure_optimizers`` is called here on the module with the run's random state, warnings and the module's
@@ -284,31 +290,31 @@ def check_optimization_setup(
     """
     if not isinstance(module, LightningModule):
         return  # Lightning's fit refuses it, and `check_lightning_package` says why for a `pytorch_lightning` one
-    if not module.automatic_optimization:
-        raise ValueError(
-            f"{type(module).__name__} uses manual optimisation (`automatic_optimization = False`), which"
-            " FederatedTrainer does not support: let Lightning's automatic optimisation step one optimizer."
-        )
     optimization = _optimization_of(trainer, module)
+    num_optimizers = None if optimization is None else len(optimization[0])
+    refusal = manual_optimization_refusal(trainer, module, num_optimizers)
+    if refusal is not None:
+        raise ValueError(refusal)
     if optimization is None:
         return
     optimizers, configs = optimization
-    if len(optimizers) != 1:
+    if module.automatic_optimization and len(optimizers) != 1:
         raise ValueError(
-            f"`configure_optimizers` returned {len(optimizers)} optimizers; FederatedTrainer needs exactly one."
+            f"`configure_optimizers` returned {len(optimizers)} optimizers; automatic optimisation steps"
+            " exactly one (step several in `training_step` with `automatic_optimization = False`)."
         )
     for config in configs:
         scheduler = type(config.scheduler).__name__
-        if config.interval != "epoch":
+        if module.automatic_optimization and config.interval == "step" and config.reduce_on_plateau:
             raise ValueError(
-                f"LR scheduler {scheduler} has `interval={config.interval!r}`; federated"
-                " training steps schedulers once per round: return it with `interval='epoch'`."
+                f"LR scheduler {scheduler} with `interval='step'` needs a monitored metric after every client step:"
+                " return it with `interval='epoch'` (stepped once per round, after validation)."
             )
         frequency = config.frequency
         if not isinstance(frequency, int) or isinstance(frequency, bool) or frequency < 1:
             raise ValueError(
-                f"LR scheduler {scheduler} has `frequency={frequency!r}`; it steps every `frequency` rounds:"
-                " return it with an integer `frequency` >= 1."
+                f"LR scheduler {scheduler} has `frequency={frequency!r}`; it steps every `frequency` rounds (or"
+                " steps): return it with an integer `frequency` >= 1."
             )
         if config.reduce_on_plateau and config.strict and config.monitor is not None:
             reason = _no_validation_reason(trainer, module, datamodule or trainer.datamodule)
@@ -380,6 +386,55 @@ def check_module_setup(trainer: FederatedTrainer, module: LightningModule) -> No
     num_clients = trainer.datamodule.num_clients
     if num_clients < 1:
         raise ValueError("The datamodule has no clients: check the partitioner's `num_partitions`.")
+
+
+# What a FedCallback overrides to act inside a client's optimizer step or loss, which manual optimisation leaves to
+# the module's own `training_step`.
+_IN_STEP_HOOKS = ("client_loss", "on_client_before_optimizer_step", "on_client_after_optimizer_step")
+
+
+def manual_optimization_refusal(
+    trainer: FederatedTrainer, module: LightningModule, num_optimizers: int | None = None
+) -> str | None:
+    """Why this fit cannot train ``module`` with manual optimisation (``automatic_optimization = False``), in one
+    line, or ``None`` when it can (or the module optimises automatically).
+
+    Under manual optimisation the module's ``training_step`` takes its own optimizer steps, so an algorithm that
+    acts inside a client's step cannot: a ``client_loss`` term (FedProx, FedCurv, the penalties, rFedAvg) or a
+    per-step hook (SCAFFOLD, APFL). Neither can a pass that differentiates or probes ``training_step`` (q-FedAvg's
+    loss probe), a central pass with its own optimizer (the shared-data warm-up, the SGD twin), batched clients
+    (``client_parallelism`` above 1), fp16 loss scaling, or kept optimizer state for several optimizers. Algorithms
+    that act on the updates (FedAvg, the server optimizers, robust rules, DP-FedAvg, ...) need none of these.
+    """
+    if module.automatic_optimization:
+        return None
+    prefix = f"{type(module).__name__} uses manual optimisation (`automatic_optimization = False`), which"
+    fix = "use automatic optimisation (one optimizer, a loss returned from `training_step`) or drop"
+    for callback in trainer.callbacks:
+        name = type(callback).__name__
+        if isinstance(callback, (SharedDataWarmup, WeightDivergence)):
+            return f"{prefix} {name} cannot follow: it trains centrally with an optimizer of its own; {fix} {name}."
+        if isinstance(callback, FedCallback):
+            hooks = [hook for hook in _IN_STEP_HOOKS if is_overridden(hook, callback, FedCallback)]
+            if hooks:
+                reason = f"it acts on each training step's loss or optimizer step (`{hooks[0]}`)"
+                return f"{prefix} {name} cannot follow: {reason}; {fix} {name}."
+    aggregator: Any = trainer.aggregator
+    # A wrapper (NormBound) forwards its probe to the rule it wraps: the innermost rule decides.
+    while isinstance(getattr(aggregator, "aggregator", None), Aggregator):
+        aggregator = aggregator.aggregator
+    if is_overridden("probe_client", aggregator, Aggregator):
+        name = type(aggregator).__name__
+        return f"{prefix} {name} cannot follow: its client probe evaluates `training_step`; {fix} {name}."
+    if isinstance(trainer.client_parallelism, int) and trainer.client_parallelism > 1:
+        return f"{prefix} batched clients cannot follow: set `client_parallelism: 1`."
+    if getattr(trainer.strategy.precision_plugin, "scaler", None) is not None:
+        return f"{prefix} fp16 loss scaling does not cover: use precision 'bf16-mixed' or '32-true'."
+    if num_optimizers is None:
+        num_optimizers = len(trainer.optimizers)
+    if trainer.keep_optimizer_state and num_optimizers > 1:
+        return f"{prefix} keep_optimizer_state keeps for one optimizer only: set `keep_optimizer_state: false`."
+    return None
 
 
 def check_no_sync_batchnorm(module: nn.Module, world_size: int) -> None:

@@ -153,6 +153,8 @@ def _settings_reason(trainer: FederatedTrainerView, module: LightningModule) -> 
     optimizer_reason = unsupported_optimizer(trainer.optimizers[0])
     if optimizer_reason is not None:
         return optimizer_reason
+    if any(config.interval == "step" for config in module.trainer.lr_scheduler_configs):
+        return "an LR scheduler has interval='step' (each client follows its own per-step schedule)"
     if trainer.keep_optimizer_state:
         return "keep_optimizer_state=True (each client's kept optimizer state is not stacked)"
     if accumulation_of(trainer) > 1:
