@@ -49,7 +49,8 @@ class FederatedDataModule(LightningDataModule, ABC):
     are refused in one line. Per-client state is two flat index
     tensors, so registering 10 000 clients costs little; loaders are built only for the client asked for.
 
-    Subclasses set the class attribute (or instance attribute, before ``super().__init__``) ``num_classes`` and
+    Subclasses set the class attribute (or instance attribute, before ``super().__init__``) ``num_classes`` (``None``
+    takes the largest label + 1, and is what data without labels needs) and
     implement :meth:`_load_datasets` (an abstract method: a subclass without it cannot be instantiated); they may
     download in ``prepare_data``. To federate datasets you already hold, use :class:`DatasetFederated`.
 
@@ -129,7 +130,11 @@ class FederatedDataModule(LightningDataModule, ABC):
         check_int("num_workers", num_workers, minimum=0)
         check_int("seed", seed)
         check_instance("sharing", sharing, (DataSharing, type(None)), "a DataSharing or None")
-        check_int("num_classes", getattr(self, "num_classes", None), minimum=1, allow_none=True)
+        if not hasattr(self, "num_classes"):
+            raise InvalidArgumentError(
+                "num_classes", None, f"set by {type(self).__name__} (an int, or None for the largest label + 1)"
+            )
+        check_int("num_classes", self.num_classes, minimum=1, allow_none=True)
         check_bool("drop_last", drop_last)
         check_bool("pin_memory", pin_memory)
         check_bool("persistent_workers", persistent_workers)

@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_fed.aggregation import Aggregator
+from lightning_fed.checks import InvalidArgumentError
 from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.engine.batched.training import ClientGroups
 from lightning_fed.engine.dispatch import HookDispatcher
@@ -121,6 +122,7 @@ class ClientHalf:
                     self._train_group(round_ctx, group) if len(group) > 1 else [self._train_client(round_ctx, group[0])]
                 )
             except Exception as error:
+                _raise_if_batch_of_one(error, self.datamodule, round_ctx.round_idx, group)
                 error.add_note(failure_note(self.trainer, round_ctx.round_idx, group))
                 raise
             for update in updates:
@@ -289,6 +291,30 @@ class ClientHalf:
             stored = apply_to_collection(stored, Tensor, torch.clone)
             optimizer.load_state_dict({"state": stored, "param_groups": optimizer.state_dict()["param_groups"]})
         return optimizer
+
+
+#: The start of torch's error for a BatchNorm layer in training mode that meets a batch of one example.
+_BATCHNORM_ONE_VALUE = "Expected more than 1 value per channel when training"
+
+
+def _raise_if_batch_of_one(error: Exception, datamodule: Any, round_idx: int, group: list[int]) -> None:
+    """Turns BatchNorm's error for a training batch of one example into one line naming the client, the round and
+    the datamodule option that avoids it (``drop_last: true``), when the datamodule does not set it yet."""
+    if not (isinstance(error, ValueError) and str(error).startswith(_BATCHNORM_ONE_VALUE)):
+        return
+    if getattr(datamodule, "drop_last", True) is not False:
+        return
+    batch_size = getattr(datamodule, "batch_size", None)
+    sizes = {client: datamodule.client_num_samples(client) for client in group}
+    short = [client for client, size in sizes.items() if batch_size and size % batch_size == 1] or group
+    who = ", ".join(f"client {client} ({sizes[client]} examples)" for client in short)
+    raise InvalidArgumentError(
+        "drop_last",
+        False,
+        f"true on the datamodule (`data.init_args.drop_last: true`, or a `batch_size` that leaves no last batch of"
+        f" one): in round {round_idx}, {who} ended with a training batch of one example at batch_size={batch_size},"
+        " which the module's BatchNorm layers cannot normalise in training",
+    ) from error
 
 
 def _never_stop(more: bool) -> tuple[bool, bool]:
