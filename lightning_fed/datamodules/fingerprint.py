@@ -30,11 +30,16 @@ def layout_fingerprint(
     sharing: DataSharing | None,
     shared: Tensor | None,
     shares: RaggedIndex | None,
+    drop_last: bool = False,
 ) -> str:
-    """The fingerprint of a datamodule's splits: labels, client train and test splits, validation set, sharing."""
+    """The fingerprint of a datamodule's splits: labels, client train and test splits, validation set, sharing, and
+    ``drop_last`` (which changes what trains); the other loader options change no data order and stay out."""
     extra: tuple[Tensor, ...] = ()
     if sharing is not None and shared is not None and shares is not None:
         extra = (sharing.encode(), shared, shares.flat, shares.offsets)
+    if drop_last:
+        # Only when set, so that the fingerprints of runs from before the option stay valid.
+        extra = (*extra, torch.tensor([1]))
     # The labels join the indices so that the same split of a different dataset is told apart too.
     return fingerprint(labels, clients.flat, clients.offsets, client_tests.flat, client_tests.offsets, val, *extra)
 
@@ -54,7 +59,7 @@ def check_fingerprint(
         raise ValueError(
             f"The checkpoint was saved with a different data split (fingerprint {expected}, now {current}): "
             f"resume with the same dataset, partitioner ({partitioner!r}), `seed`, `val_fraction`, client test "
-            f"settings and `sharing` ({sharing!r}), or start a new run."
+            f"settings, `sharing` ({sharing!r}) and `drop_last`, or start a new run."
         )
 
 

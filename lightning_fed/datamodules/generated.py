@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal
 
@@ -42,7 +42,8 @@ class MNIST1DFederated(FederatedDataModule):
         partitioner: Splits the training set among clients.
         num_samples: Examples generated in total (train + test); a multiple of 10 keeps classes balanced.
         batch_size, eval_batch_size, client_test_fraction, client_test_size, val_fraction, num_workers, seed,
-            sharing, evaluation_split: As in :class:`FederatedDataModule`; ``seed`` also seeds the generator.
+            sharing, evaluation_split, drop_last, pin_memory, persistent_workers, batch_format, batch_keys: As in
+            :class:`FederatedDataModule`; ``seed`` also seeds the generator.
     """
 
     num_classes = 10
@@ -60,6 +61,11 @@ class MNIST1DFederated(FederatedDataModule):
         seed: int = 0,
         sharing: DataSharing | None = None,
         evaluation_split: Literal["test", "validation"] = "test",
+        drop_last: bool = False,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        batch_format: Literal["tuple", "dict"] = "tuple",
+        batch_keys: Sequence[str] = ("image", "label"),
     ) -> None:
         # mnist1d draws num_samples // 10 examples per class and keeps 80 % for training.
         check_int("num_samples", num_samples, minimum=20)
@@ -74,6 +80,11 @@ class MNIST1DFederated(FederatedDataModule):
             seed,
             sharing,
             evaluation_split,
+            drop_last=drop_last,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            batch_format=batch_format,
+            batch_keys=batch_keys,
         )
         self.num_samples = num_samples
 
@@ -152,7 +163,8 @@ class SyntheticFederated(FederatedDataModule):
         iid: Draw every client from the same model and input distribution (Synthetic-IID).
         seed: Seed of the generator and of the holdout draws.
         batch_size, eval_batch_size, client_test_fraction, client_test_size, val_fraction, num_workers, sharing,
-            evaluation_split: As in :class:`FederatedDataModule`.
+            evaluation_split, drop_last, pin_memory, persistent_workers, batch_format, batch_keys: As in
+            :class:`FederatedDataModule`.
     """
 
     num_classes = 10
@@ -174,6 +186,11 @@ class SyntheticFederated(FederatedDataModule):
         num_workers: int = 0,
         sharing: DataSharing | None = None,
         evaluation_split: Literal["test", "validation"] = "test",
+        drop_last: bool = False,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        batch_format: Literal["tuple", "dict"] = "tuple",
+        batch_keys: Sequence[str] = ("image", "label"),
     ) -> None:
         check_real("alpha", alpha, minimum=0.0)
         check_real("beta", beta, minimum=0.0)
@@ -198,6 +215,11 @@ class SyntheticFederated(FederatedDataModule):
             seed,
             sharing,
             evaluation_split,
+            drop_last=drop_last,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            batch_format=batch_format,
+            batch_keys=batch_keys,
         )
         self.alpha, self.beta, self.dimension, self.iid = float(alpha), float(beta), dimension, iid
         self._client_of_example: Tensor | None = None

@@ -5,7 +5,10 @@ among the clients, and hold out each client's test split. :class:`Layout` holds 
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -23,7 +26,7 @@ class Layout:
 
     Attributes:
         train: The training dataset every index below (but ``client_tests`` and ``test_indices``) points into.
-        labels: ``[len(train)]`` int64 labels of ``train``.
+        labels: ``[len(train)]`` int64 labels of ``train``; zeros for data without labels (``labelled`` false).
         val: Indices of the global validation set.
         clients: Every client's training indices.
         client_tests: Every client's test indices, into ``client_test_source``.
@@ -33,6 +36,8 @@ class Layout:
         fingerprint: A digest of the labels and every split, checked on resume.
         shared: Indices of Zhao et al.'s global set G, or ``None`` without data sharing.
         shares: Every client's share of G, or ``None`` without data sharing.
+        labelled: Whether ``labels`` are the data's labels; without them every holdout is a uniform random draw.
+        num_classes: The classes ``labels`` range over (1 for data without labels).
     """
 
     train: Dataset
@@ -46,20 +51,86 @@ class Layout:
     fingerprint: str
     shared: Tensor | None = None
     shares: RaggedIndex | None = None
+    labelled: bool = True
+    num_classes: int = 1
 
 
-def extract_labels(dataset: Dataset, name: str) -> Tensor:
-    """The dataset's labels as an int64 tensor, from ``targets``/``labels`` when present, else by iterating once."""
-    if isinstance(dataset, Subset):
-        return extract_labels(dataset.dataset, name)[torch.as_tensor(dataset.indices, dtype=torch.int64)]
+NO_LABELS_HINT = (
+    "give the dataset a `targets` (or `labels`) attribute of integer class ids, pass DatasetFederated a `label_fn`"
+    " (item -> class id), or yield (input, integer label) items"
+)
+"""How to give a dataset labels: ends every message about data without them."""
+
+
+def _item_label(item: object) -> int | None:
+    """The label an item declares, or ``None``: the second element of a tuple or list when it is an integer scalar
+    (a Python or NumPy integer, or a 0-dim integer tensor), or a mapping's ``"label"`` entry likewise.
+
+    A bare tensor, a float second element or a feature vector is never a label.
+    """
+    if isinstance(item, Mapping):
+        value = item.get("label")
+    elif isinstance(item, (tuple, list)) and len(item) >= 2:
+        value = item[1]
+    else:
+        return None
+    if isinstance(value, Tensor):
+        if value.ndim != 0 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            return None
+        return int(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
+def extract_labels(dataset: Dataset, name: str, label_fn: Callable[[Any], Any] | None = None) -> Tensor | None:
+    """The dataset's labels as an int64 tensor, or ``None`` when it has none.
+
+    Labels come from, in order: ``label_fn`` applied to every item; a ``targets`` or ``labels`` attribute of the
+    dataset's length (through ``Subset``\\ s); items that declare one (see :func:`_item_label`), read by iterating
+    once when the first item does. Data whose first item declares no label (a bare tensor, say) has none: a feature
+    is never read as a label.
+
+    Raises:
+        ValueError: If the dataset is empty, ``label_fn`` returns a non-integer, or a later item lacks the label
+            that the first one declared.
+    """
     size = len(dataset)  # type: ignore[arg-type]  # map-style datasets are sized; torch's Dataset does not say so
     if size == 0:
         raise ValueError(f"The {name} dataset is empty.")
+    if label_fn is not None:
+        computed = []
+        for index in range(size):
+            value = label_fn(dataset[index])
+            label = _item_label((None, value))
+            if label is None:
+                raise ValueError(f"`label_fn` must return an integer class id for every {name} item; got {value!r}.")
+            computed.append(label)
+        return torch.tensor(computed, dtype=torch.int64)
+    if isinstance(dataset, Subset):
+        inner = extract_labels(dataset.dataset, name)
+        return None if inner is None else inner[torch.as_tensor(dataset.indices, dtype=torch.int64)]
     for attribute in ("targets", "labels"):
         values = getattr(dataset, attribute, None)
         if values is not None and len(values) == size:
             return torch.as_tensor(values).to(torch.int64).reshape(-1)
-    return torch.tensor([int(dataset[index][1]) for index in range(size)], dtype=torch.int64)
+    if _item_label(dataset[0]) is None:
+        return None
+    labels: list[int] = []
+    for index in range(size):
+        label = _item_label(dataset[index])
+        if label is None:
+            raise ValueError(
+                f"{name.capitalize()} item 0 has an integer label but item {index} does not: every item must be"
+                f" (input, integer label), or {NO_LABELS_HINT}."
+            )
+        labels.append(label)
+    return torch.tensor(labels, dtype=torch.int64)
+
+
+def no_labels_error(name: str, value: object, allowed: str) -> InvalidArgumentError:
+    """The one-line error for a setting that needs labels the training data does not have."""
+    return InvalidArgumentError(name, value, f"{allowed}: the training data has no labels ({NO_LABELS_HINT})")
 
 
 def exposed_labels(dataset: Dataset) -> Tensor | None:
@@ -243,6 +314,7 @@ def check_no_empty_client(clients: RaggedIndex, partitioner: Partitioner) -> Non
 
 
 __all__ = [
+    "NO_LABELS_HINT",
     "Layout",
     "assign_partitions",
     "carve_validation",
@@ -251,5 +323,6 @@ __all__ = [
     "check_no_empty_client",
     "exposed_labels",
     "extract_labels",
+    "no_labels_error",
     "hold_out_client_tests",
 ]

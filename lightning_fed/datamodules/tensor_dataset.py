@@ -7,7 +7,7 @@ sampler yields a whole batch of indices and the dataset answers it with one gath
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from typing_extensions import override
 
 from lightning_fed.checks import check_instance, check_int
+from lightning_fed.datamodules.batch_format import KeyedCollate
 
 
 class TensorClassificationDataset(Dataset[tuple[Tensor, Tensor]]):
@@ -70,22 +71,30 @@ class IndexBatchSampler(Sampler[Tensor]):
         batch_size: Examples per batch; the last batch may be smaller.
         generator: Shuffles the order when given; each ``iter`` draws a new order from it, so a seeded generator
             makes every epoch's order reproducible. ``None`` keeps the order of ``indices``.
+        drop_last: Drop the last batch of a pass when it is smaller than ``batch_size``.
     """
 
-    def __init__(self, indices: Tensor, batch_size: int, generator: torch.Generator | None = None) -> None:
+    def __init__(
+        self, indices: Tensor, batch_size: int, generator: torch.Generator | None = None, drop_last: bool = False
+    ) -> None:
         check_instance("indices", indices, Tensor, "a tensor of dataset indices")
         self.indices = indices.to(torch.int64)
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.generator = generator
+        self.drop_last = drop_last
 
     @override
     def __iter__(self) -> Iterator[Tensor]:
         indices = self.indices
         if self.generator is not None:
             indices = indices[torch.randperm(indices.numel(), generator=self.generator)]
+        if self.drop_last:
+            indices = indices[: len(self) * self.batch_size]
         return iter(indices.split(self.batch_size))
 
     def __len__(self) -> int:
+        if self.drop_last:
+            return self.indices.numel() // self.batch_size
         return (self.indices.numel() + self.batch_size - 1) // self.batch_size
 
 
@@ -101,7 +110,9 @@ class BatchedTensorDataLoader(DataLoader):
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:  # type: ignore[override]  # any iterator of batches will do
         if self.num_workers > 0 or self.pin_memory or self.batch_size is not None:
             return super().__iter__()
-        return (self.dataset[indices] for indices in self.sampler)
+        if self.collate_fn is _whole_batch:
+            return (self.dataset[indices] for indices in self.sampler)
+        return (self.collate_fn(self.dataset[indices]) for indices in self.sampler)
 
 
 def _whole_batch(batch: Any) -> Any:
@@ -115,6 +126,10 @@ def tensor_dataloader(
     batch_size: int,
     generator: torch.Generator | None = None,
     num_workers: int = 0,
+    drop_last: bool = False,
+    pin_memory: bool = False,
+    persistent_workers: bool = False,
+    batch_keys: tuple[str, ...] | None = None,
 ) -> DataLoader:
     """A DataLoader over ``dataset[indices]`` that costs one gather per tensor per batch.
 
@@ -127,10 +142,23 @@ def tensor_dataloader(
         batch_size: Examples per batch.
         generator: Shuffles each pass when given (see :class:`IndexBatchSampler`).
         num_workers: DataLoader worker processes; 0 gathers in the main process, the fastest for in-memory data.
+        drop_last: Drop the last batch of a pass when it is smaller than ``batch_size``.
+        pin_memory: DataLoader ``pin_memory``.
+        persistent_workers: DataLoader ``persistent_workers`` (only with ``num_workers`` > 0).
+        batch_keys: Yield ``{batch_keys[0]: inputs, batch_keys[1]: targets}`` dicts instead of tuples.
     """
     if indices is None:
         indices = torch.arange(len(dataset))
-    sampler = IndexBatchSampler(indices, batch_size, generator)
+    sampler = IndexBatchSampler(indices, batch_size, generator, drop_last)
+    collate: Callable[[Any], Any] = _whole_batch
+    if batch_keys is not None:
+        collate = KeyedCollate(batch_keys, _whole_batch)
     return BatchedTensorDataLoader(
-        dataset, batch_size=None, sampler=sampler, collate_fn=_whole_batch, num_workers=num_workers
+        dataset,
+        batch_size=None,
+        sampler=sampler,
+        collate_fn=collate,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=persistent_workers,
     )

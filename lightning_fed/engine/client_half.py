@@ -28,8 +28,9 @@ from lightning_fed.aggregation import Aggregator
 from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.engine.batched.training import ClientGroups
 from lightning_fed.engine.dispatch import HookDispatcher
+from lightning_fed.engine.failures import failure_note, raise_if_batch_of_one
 from lightning_fed.engine.local_training import LocalTrainer, RoundSchedulers
-from lightning_fed.engine.rejection import failure_note, finite_tree, reject_client
+from lightning_fed.engine.rejection import finite_tree, reject_client
 from lightning_fed.engine.seeding import derive_seed, seed_torch
 from lightning_fed.engine.step_counter import StepCounter
 from lightning_fed.functional.state_dict import StateDict, all_finite, clone_state, copy_state_, state_nbytes
@@ -127,6 +128,7 @@ class ClientHalf:
                         else [self._train_client(round_ctx, group[0])]
                     )
                 except Exception as error:
+                    raise_if_batch_of_one(error, self.datamodule, round_ctx.round_idx, group)
                     error.add_note(failure_note(self.trainer, round_ctx.round_idx, group))
                     raise
                 for update in updates:

@@ -3,7 +3,6 @@ fine-tuning, the warm-up on shared data and the weight-divergence SGD twin all r
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning.pytorch import LightningModule
@@ -17,7 +16,8 @@ from lightning_fed.checks import check_choice
 from lightning_fed.context import ClientContext
 from lightning_fed.engine.dispatch import HookDispatcher, check_step_hooks
 from lightning_fed.engine.log_buffer import LogBuffer, batch_size_of, buffered_logging
-from lightning_fed.engine.step_counter import StepCounter, client_step_counts, steps_per_round
+from lightning_fed.engine.schedulers import RoundSchedulers
+from lightning_fed.engine.step_counter import StepCounter
 from lightning_fed.engine.training_step import (
     _TRANSFER_HOOKS,
     _share_of_step,
@@ -34,88 +34,6 @@ if TYPE_CHECKING:
 
 TrainingMode = Literal["client", "plain", "central"]
 TRAINING_MODES: tuple[TrainingMode, ...] = ("client", "plain", "central")
-
-
-class RoundSchedulers:
-    """The LR schedulers of a fit seen from a round: every client starts from the round's scheduler state, and a
-    step-interval schedule advances by the local steps a client takes.
-
-    * Each client of a round starts from the schedulers' state (and the optimizers' hyperparameters they set, such
-      as ``lr`` and OneCycle's momentum) at the round's start; what one client's steps did never reaches another.
-    * Under automatic optimisation a scheduler with ``interval="step"`` steps after the client's optimizer steps,
-      on the schedule's own axis: round ``r`` starts at position ``r * A``, where ``A`` is the steps of a client of
-      average length (:func:`~lightning_fed.engine.step_counter.steps_per_round`, a constant of the fit), and the
-      scheduler steps after local step ``k`` when ``(r * A + k) % frequency == 0``.
-    * After the round the state is the round's start advanced by ``A`` steps (the scheduler steps the number of
-      multiples of ``frequency`` in ``(r * A, (r + 1) * A]``), so after ``R`` rounds the schedule is at ``R * A``,
-      whichever clients were sampled: deterministic, and only the scheduler's own state is checkpointed.
-    * Epoch-interval schedulers step once per round in the round loop, as before. Under manual optimisation the
-      module steps its schedulers itself (Lightning's rule); a client's changes are undone after it, so only what
-      the module does outside ``training_step`` (``on_train_epoch_end``) carries over rounds.
-
-    Args:
-        module: The user's LightningModule, attached to the federated trainer (its ``lr_scheduler_configs``).
-        trainer: The federated trainer (settings and datamodule, for ``A``).
-    """
-
-    def __init__(self, trainer: FederatedTrainerView, module: LightningModule) -> None:
-        self.trainer = trainer
-        self.module = module
-        self._snapshot: list[Any] | None = None
-        self._position = 0
-        self._per_round: int | None = None
-        self._steppers: list[Any] = []
-
-    def _configs(self) -> list[Any]:
-        return list(self.module.trainer.lr_scheduler_configs)
-
-    def _stepwise(self) -> list[Any]:
-        if not self.module.automatic_optimization:
-            return []
-        return [config for config in self._configs() if config.interval == "step"]
-
-    def open_round(self, round_idx: int) -> None:
-        """Records the round's scheduler state; clients start from it."""
-        configs = self._configs()
-        self._steppers = self._stepwise()
-        if not configs:
-            self._snapshot = None
-            return
-        optimizers = self.module.trainer.optimizers
-        hyperparameters = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in optimizers]
-        self._snapshot = copy.deepcopy([[config.scheduler.state_dict() for config in configs], hyperparameters])
-        if self._steppers:
-            if self._per_round is None:
-                self._per_round = steps_per_round(client_step_counts(self.trainer))
-            self._position = round_idx * self._per_round
-
-    def start_client(self) -> None:
-        """Puts the schedulers (and the hyperparameters they set) back to the round's state."""
-        if self._snapshot is None:
-            return
-        schedulers, groups = self._snapshot
-        for config, state in zip(self._configs(), schedulers):
-            config.scheduler.load_state_dict(copy.deepcopy(state))
-        for optimizer, saved in zip(self.module.trainer.optimizers, groups):
-            for group, hyper in zip(optimizer.param_groups, saved):
-                group.update(copy.deepcopy(hyper))
-
-    def after_step(self, local_step: int) -> None:
-        """Steps the step-interval schedulers after a client's ``local_step``-th optimizer step (from 1)."""
-        position = self._position + local_step
-        for config in self._steppers:
-            if position % config.frequency == 0:
-                config.scheduler.step()
-
-    def close_round(self, completed: bool) -> None:
-        """Back to the round's state; a completed round then advances the step-interval schedules by ``A`` steps."""
-        self.start_client()
-        if not completed or self._snapshot is None or self._per_round is None:
-            return
-        start, end = self._position, self._position + self._per_round
-        for config in self._steppers:
-            for _ in range(end // config.frequency - start // config.frequency):
-                config.scheduler.step()
 
 
 class LocalTrainer:

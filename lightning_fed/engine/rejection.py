@@ -68,22 +68,7 @@ def reject_client(trainer: FederatedTrainerView, round_ctx: RoundContext, client
     trainer.print(f"[lightning_fed] {message} It was left out of the aggregate.")
 
 
-def failure_note(trainer: FederatedTrainerView, round_idx: int, group: list[int]) -> str:
-    """The line that ends the traceback of an error raised while ``group`` trained: which client, which round,
-    and the checkpoint to resume from (the user's code keeps its traceback; this says where the run stands)."""
-    who = f"client {group[0]}" if len(group) == 1 else f"clients {group} (trained together)"
-    # Lightning's checkpoint callbacks know the last file they wrote; the engine reads it without the run layer.
-    saved = [
-        path
-        for callback in getattr(trainer, "checkpoint_callbacks", [])
-        if (path := getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", ""))
-    ]
-    where = f"last checkpoint: {saved[0]} (--ckpt_path last resumes from it)" if saved else "no checkpoint yet"
-    return f"lightning-fed: raised while {who} trained in round {round_idx}; {where}."
-
-
 __all__ = [
-    "failure_note",
     "REJECTED_WARNING_FRACTION",
     "ClientDivergedError",
     "finite_tree",

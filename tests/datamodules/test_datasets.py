@@ -14,11 +14,13 @@ import struct
 from pathlib import Path
 from urllib.error import URLError
 
+import lightning.pytorch as L
 import numpy as np
 import pytest
 import scipy.io
 import torch
 import torchvision
+from helpers.boring import fast_trainer
 
 from lightning_fed.datamodules import (
     DEBIAN_FASHION_MNIST_DIR,
@@ -368,3 +370,36 @@ def test_real_fashion_mnist_loads_offline_from_the_debian_copy(tmp_path, monkeyp
     assert train_size(dm) == 60_000
     _, y = served(dm.test_dataloader())
     assert torch.equal(torch.bincount(y), torch.full((10,), 1000))
+
+
+class _QuickstartModule(L.LightningModule):
+    """Shaped like Flower's Lightning quickstart module: it reads ``batch["image"]`` and ``batch["label"]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(28 * 28, 10)
+
+    def training_step(self, batch, batch_idx):
+        x = batch["image"].view(batch["image"].size(0), -1)
+        loss = torch.nn.functional.cross_entropy(self.net(x), batch["label"])
+        self.log("train_loss", loss)
+        return loss
+
+    def test_step(self, batch, batch_idx):
+        x = batch["image"].view(batch["image"].size(0), -1)
+        self.log("test_acc", (self.net(x).argmax(1) == batch["label"]).float().mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_fashion_mnist_yields_dict_batches_for_a_quickstart_module(tmp_path):
+    write_mnist_like(tmp_path / "FashionMNIST" / "raw", mnist_like(num_train=40))
+    dm = FashionMNISTFederated(
+        IidPartitioner(4), data_dir=str(tmp_path), download=False, batch_size=4, batch_format="dict"
+    )
+    trainer = fast_trainer(tmp_path, num_rounds=2, clients_per_round=2)
+    trainer.fit(_QuickstartModule(), datamodule=dm)
+    assert len(trainer.federation_state.history) == 2
+    batch = next(iter(dm.client_dataloader(0, seed=0)))
+    assert set(batch) == {"image", "label"} and batch["image"].shape[1:] == (1, 28, 28)

@@ -20,7 +20,13 @@ class Partitioner(ABC):
     Args:
         num_partitions: Number of clients.
         seed: Seed of every random draw the partitioner makes.
+
+    Attributes:
+        uses_labels: Whether the partition depends on the labels; a partitioner that sets it false (IID, natural
+            ids) also splits data without labels, which it receives as zeros.
     """
+
+    uses_labels: bool = True
 
     def __init__(self, num_partitions: int, seed: int = 0) -> None:
         self.num_partitions = check_int("num_partitions", num_partitions, minimum=1)

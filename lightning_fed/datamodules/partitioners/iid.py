@@ -23,6 +23,8 @@ class IidPartitioner(Partitioner):
         seed: Seed of the permutation.
     """
 
+    uses_labels = False
+
     @override
     def partition(self, labels: Tensor, natural_ids: Tensor | None = None) -> list[Tensor]:
         """Returns one sorted int64 index tensor per client; see the class docstring."""

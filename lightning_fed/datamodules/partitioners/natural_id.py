@@ -24,6 +24,8 @@ class NaturalIdPartitioner(Partitioner):
         seed: Unused; kept for the common constructor.
     """
 
+    uses_labels = False
+
     @override
     def partition(self, labels: Tensor, natural_ids: Tensor | None = None) -> list[Tensor]:
         """Returns one sorted int64 index tensor per distinct natural id, in ascending id order."""
