@@ -108,3 +108,17 @@ def test_no_anonymous_argument_reaches_wandb_unless_given(tmp_path):
     place_wandb_run(lightnings_own, tmp_path / "run", "run")
     assert "anonymous" not in lightnings_own._wandb_init
     assert WandbLogger(save_dir=str(tmp_path), project="t", offline=True, anonymous=True)._wandb_init["anonymous"]
+
+
+def test_wandb_starts_in_a_directory_that_exists(tmp_path, monkeypatch):
+    # W&B looks for the git repository from its `dir` before creating it, and warns "git root ... does not exist".
+    seen = {}
+
+    def fake_init(**kwargs):
+        seen["dir_existed"] = Path(kwargs["dir"]).is_dir()
+        return object()
+
+    monkeypatch.setattr(wandb, "init", fake_init)
+    logger = WandbLogger(save_dir=str(tmp_path / "fresh" / "runs"), project="t", offline=True)
+    logger.experiment
+    assert seen == {"dir_existed": True}

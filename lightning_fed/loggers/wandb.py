@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import netrc
 import os
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 _OFFLINE_MODES = ("offline", "disabled", "dryrun")
 
@@ -50,6 +52,19 @@ class WandbLogger(_LightningWandbLogger):
         # Lightning's `offline` is keyword-only in practice: nobody passes six positional arguments to a logger.
         super().__init__(*args, offline=offline, **kwargs)  # type: ignore[misc]
         drop_unset_anonymous(self)
+
+    @property
+    def experiment(self) -> Any:
+        """Lightning's W&B run, started in a directory that exists.
+
+        W&B looks for the git repository from its directory (``dir``, where the run's files go) before it creates
+        that directory, and warns ``git root <dir> does not exist`` when it is not there yet (a fresh clone's
+        ``runs/quickstart`` on a first ``validate``). Creating it first is what W&B does a moment later anyway.
+        """
+        if self._experiment is None and self._save_dir is not None and rank_zero_only.rank == 0:
+            with contextlib.suppress(OSError):  # W&B then reports the directory it cannot write, as before
+                Path(self._save_dir).mkdir(parents=True, exist_ok=True)
+        return super().experiment
 
 
 def drop_unset_anonymous(logger: _LightningWandbLogger) -> None:
