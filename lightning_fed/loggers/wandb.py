@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 _OFFLINE_MODES = ("offline", "disabled", "dryrun")
 
@@ -54,6 +54,7 @@ class WandbLogger(_LightningWandbLogger):
         drop_unset_anonymous(self)
 
     @property
+    @rank_zero_experiment
     def experiment(self) -> Any:
         """Lightning's W&B run, started in a directory that exists.
 
@@ -61,7 +62,7 @@ class WandbLogger(_LightningWandbLogger):
         that directory, and warns ``git root <dir> does not exist`` when it is not there yet (a fresh clone's
         ``runs/quickstart`` on a first ``validate``). Creating it first is what W&B does a moment later anyway.
         """
-        if self._experiment is None and self._save_dir is not None and rank_zero_only.rank == 0:
+        if self._experiment is None and self._save_dir is not None:
             with contextlib.suppress(OSError):  # W&B then reports the directory it cannot write, as before
                 Path(self._save_dir).mkdir(parents=True, exist_ok=True)
         return super().experiment
