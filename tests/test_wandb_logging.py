@@ -95,3 +95,30 @@ def test_fit_logs_round_metrics_partition_and_client_table(tmp_path, monkeypatch
         assert table["columns"][:2] == ["client", "num_train_samples"]
         assert {"test_acc", "test_loss"} <= set(table["columns"])
         assert [row[0] for row in table["data"]] == [0, 1, 2]
+
+
+def test_no_anonymous_argument_reaches_wandb_unless_given(tmp_path):
+    # W&B warns "The anonymous setting has no effect" for any value, the `None` Lightning passes by default included.
+    from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
+
+    from lightning_fed.loggers.wandb import place_wandb_run
+
+    assert "anonymous" not in WandbLogger(save_dir=str(tmp_path), project="t", offline=True)._wandb_init
+    lightnings_own = LightningWandbLogger(save_dir=str(tmp_path), project="t", offline=True)
+    place_wandb_run(lightnings_own, tmp_path / "run", "run")
+    assert "anonymous" not in lightnings_own._wandb_init
+    assert WandbLogger(save_dir=str(tmp_path), project="t", offline=True, anonymous=True)._wandb_init["anonymous"]
+
+
+def test_wandb_starts_in_a_directory_that_exists(tmp_path, monkeypatch):
+    # W&B looks for the git repository from its `dir` before creating it, and warns "git root ... does not exist".
+    seen = {}
+
+    def fake_init(**kwargs):
+        seen["dir_existed"] = Path(kwargs["dir"]).is_dir()
+        return object()
+
+    monkeypatch.setattr(wandb, "init", fake_init)
+    logger = WandbLogger(save_dir=str(tmp_path / "fresh" / "runs"), project="t", offline=True)
+    logger.experiment
+    assert seen == {"dir_existed": True}

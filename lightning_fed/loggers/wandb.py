@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import netrc
 import os
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 _OFFLINE_MODES = ("offline", "disabled", "dryrun")
 
@@ -49,6 +51,33 @@ class WandbLogger(_LightningWandbLogger):
             offline = not has_wandb_credentials()
         # Lightning's `offline` is keyword-only in practice: nobody passes six positional arguments to a logger.
         super().__init__(*args, offline=offline, **kwargs)  # type: ignore[misc]
+        drop_unset_anonymous(self)
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> Any:
+        """Lightning's W&B run, started in a directory that exists.
+
+        W&B looks for the git repository from its directory (``dir``, where the run's files go) before it creates
+        that directory, and warns ``git root <dir> does not exist`` when it is not there yet (a fresh clone's
+        ``runs/quickstart`` on a first ``validate``). Creating it first is what W&B does a moment later anyway.
+        """
+        if self._experiment is None and self._save_dir is not None:
+            with contextlib.suppress(OSError):  # W&B then reports the directory it cannot write, as before
+                Path(self._save_dir).mkdir(parents=True, exist_ok=True)
+        return super().experiment
+
+
+def drop_unset_anonymous(logger: _LightningWandbLogger) -> None:
+    """Stops ``logger`` from handing ``anonymous=None`` to ``wandb.init``.
+
+    Lightning passes ``anonymous`` to W&B always, ``None`` when the user gave none. Recent W&B versions warn "The
+    anonymous setting has no effect" for any value given, ``None`` included, so a logger the user did not ask for
+    anonymous logging leaves the argument out (older W&B versions take a missing one as ``None``). One given
+    explicitly is passed on, and W&B says what it says.
+    """
+    if logger._wandb_init.get("anonymous", False) is None:
+        del logger._wandb_init["anonymous"]
 
 
 def wandb_loggers(loggers: list[Any]) -> list[_LightningWandbLogger]:
@@ -66,6 +95,7 @@ def place_wandb_run(logger: _LightningWandbLogger, run_dir: Path, run_id: str | 
     """
     if logger._experiment is not None:
         return
+    drop_unset_anonymous(logger)
     logger._wandb_init["dir"] = logger._save_dir = str(run_dir)
     # In a sweep, W&B ignores any id given to it (with a warning) for the agent's, which named the run already.
     if logger._id is None and run_id is not None and not os.environ.get("WANDB_SWEEP_ID"):
