@@ -54,10 +54,10 @@ def test_sigterm_stops_at_the_next_client_and_resumes_bit_identical(tmp_path):
     # The other two clients of round 2 never trained.
     trained = (tmp_path / "paused.clients").read_text().split()
     assert [entry.split("/")[0] for entry in trained] == ["0"] * 3 + ["1"] * 3 + ["2"]
-    # The checkpoint is round 1's, untouched by the interrupted round.
+    # The newest checkpoint is round 1's (round 0's is kept beside it), untouched by the interrupted round.
     (run_dir,) = (root / "runs").iterdir()
     checkpoints = run_dir / "checkpoints"
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "round0001.ckpt"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "round0000.ckpt", "round0001.ckpt"]
     assert _federated_state(checkpoints / "last.ckpt")["completed_rounds"] == 2
     resumed = run_script(str(root), str(root / "out.pt"), "--resume")
     assert resumed.returncode == 0, resumed.stderr[-4000:]

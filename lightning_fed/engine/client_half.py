@@ -13,7 +13,6 @@ runs this half on its share of the clients, and the server half combines the sha
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,7 +24,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_fed.aggregation import Aggregator
-from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.context import ClientContext, ClientShare, ClientUpdate, RoundContext
 from lightning_fed.engine.batched.training import ClientGroups
 from lightning_fed.engine.dispatch import HookDispatcher
 from lightning_fed.engine.failures import failure_note, raise_if_batch_of_one
@@ -41,25 +40,6 @@ if TYPE_CHECKING:
 #: Asked at every client boundary with whether this share has clients left; answers whether to stop the round and
 #: whether any share has clients left (with several processes every rank asks the same number of times).
 Boundary = Callable[[bool], tuple[bool, bool]]
-
-
-@dataclass
-class ClientShare:
-    """What one share of a round's clients produced, besides the declared round state and the store entries.
-
-    Attributes:
-        train_metrics: Every accepted client's training metrics, by client id.
-        rejected: The clients whose update was rejected (non-finite), in round order.
-        steps: Optimizer steps its clients took.
-        bytes_up: Client-to-server bytes its clients sent.
-        bytes_down: Server-to-client bytes its clients received.
-    """
-
-    train_metrics: dict[int, dict[str, float]] = field(default_factory=dict)
-    rejected: list[int] = field(default_factory=list)
-    steps: int = 0
-    bytes_up: int = 0
-    bytes_down: int = 0
 
 
 class ClientHalf:
@@ -310,4 +290,4 @@ def _never_stop(more: bool) -> tuple[bool, bool]:
     return False, more
 
 
-__all__ = ["Boundary", "ClientHalf", "ClientShare"]
+__all__ = ["Boundary", "ClientHalf"]

@@ -6,8 +6,7 @@ With one process every function here returns its input unchanged and costs nothi
 from __future__ import annotations
 
 from lightning_fed.client_store import ClientStateStore
-from lightning_fed.context import RoundContext
-from lightning_fed.engine.client_half import ClientShare
+from lightning_fed.context import ClientShare, RoundContext
 from lightning_fed.parallel import distributed
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
+from lightning.pytorch import LightningModule
+
 from lightning_fed.engine.step_counter import client_step_counts, steps_per_round
 
 if TYPE_CHECKING:

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 
 from lightning.pytorch import LightningModule
 
-from lightning_fed.context import RoundContext, RoundResult
-from lightning_fed.engine.client_half import ClientShare
+from lightning_fed.context import ClientShare, RoundContext, RoundResult
 from lightning_fed.engine.dispatch import HookDispatcher
 from lightning_fed.engine.evaluator import RoundEvaluator
 from lightning_fed.engine.rank_shares import combine_shares, sync_store
