@@ -156,7 +156,9 @@ def test_fp16_loss_scaling_is_refused_for_algorithms_that_count_steps(tmp_path):
     class CountsSteps(FedCallback):
         supports_loss_scaling = False
 
+    module = BoringClassifier()
     fake = SimpleNamespace(
+        lightning_module=module,
         optimizers=[object()],
         lr_scheduler_configs=[],
         callbacks=[CountsSteps()],
@@ -164,9 +166,9 @@ def test_fp16_loss_scaling_is_refused_for_algorithms_that_count_steps(tmp_path):
         datamodule=SimpleNamespace(num_clients=2),
     )
     with pytest.raises(ValueError, match="bf16-mixed.*|.*CountsSteps"):
-        check_module_setup(fake, BoringClassifier())
+        check_module_setup(fake, module)
     fake.callbacks = [FedCallback()]
-    check_module_setup(fake, BoringClassifier())  # plain FedAvg accepts loss scaling
+    check_module_setup(fake, module)  # plain FedAvg accepts loss scaling
 
 
 def test_trainer_is_a_lightning_trainer():

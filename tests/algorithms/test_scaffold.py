@@ -155,7 +155,9 @@ def test_controls_follow_option_ii_with_k_the_optimizer_steps_taken(tmp_path, sc
 
 
 def test_fp16_loss_scaling_is_refused():
+    module = BoringClassifier()
     fake = SimpleNamespace(
+        lightning_module=module,
         optimizers=[object()],
         lr_scheduler_configs=[],
         callbacks=[Scaffold()],
@@ -163,7 +165,7 @@ def test_fp16_loss_scaling_is_refused():
         datamodule=SimpleNamespace(num_clients=2),
     )
     with pytest.raises(ValueError, match="Scaffold"):
-        check_module_setup(fake, BoringClassifier())
+        check_module_setup(fake, module)
 
 
 def test_misconfigured_aggregator_raises_a_clear_error(tmp_path):
