@@ -164,9 +164,17 @@ CASES = [
     ("backbone_classes_disagree", [f"{MODEL}.backbone.init_args.num_classes", "7"], "backbone.init_args.num_classes"),
     ("unknown_model_key", [f"{MODEL}.lrr", "0.1"], "model.init_args.lrr"),
     ("no_configure_optimizers", ["--model", f"{FAULTS}.NoOptimizerClassifier"], "configure_optimizers"),
-    ("manual_optimization", ["--model", f"{FAULTS}.ManualOptimizationClassifier"], "manual optimisation"),
+    (
+        "manual_optimization_with_batched_clients",
+        ["--model", f"{FAULTS}.ManualOptimizationClassifier", "--trainer.client_parallelism", "2"],
+        "client_parallelism",
+    ),
     ("two_optimizers", ["--model", f"{FAULTS}.TwoOptimizerClassifier"], "returned 2 optimizers"),
-    ("scheduler_interval_step", ["--model", f"{FAULTS}.SchedulerClassifier", f"{MODEL}.interval", "step"], "interval"),
+    (
+        "plateau_scheduler_every_step",
+        ["--model", f"{FAULTS}.SchedulerClassifier", f"{MODEL}.interval", "step", f"{MODEL}.monitor", "train_loss"],
+        "interval='step'",
+    ),
     ("scheduler_frequency_0", ["--model", f"{FAULTS}.SchedulerClassifier", f"{MODEL}.frequency", "0"], "frequency=0"),
     (
         "plateau_monitors_validation_without_validation_data",

@@ -10,6 +10,7 @@ import torch
 from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
 from helpers.pl_module import PytorchLightningClassifier
 
+from lightning_fed.callbacks import FedProx
 from lightning_fed.run.setup_checks import check_lightning_package, check_optimization_setup
 
 
@@ -54,20 +55,28 @@ class SizedByTheFit(BoringClassifier):
 
 
 @pytest.mark.parametrize(
-    ("module", "message"),
+    ("module", "message", "callbacks"),
     [
-        (Manual(), "manual optimisation"),
-        (TwoOptimizers(), "returned 2 optimizers"),
-        (Scheduled(interval="step"), "interval='step'"),
-        (Scheduled(frequency=0), "frequency=0"),
-        (Scheduled(monitor="val_loss"), "monitors 'val_loss'"),
-        (PytorchLightningClassifier(), "import lightning.pytorch as pl"),
+        # Manual optimisation itself trains (tests/test_existing_modules.py); an algorithm acting inside the step can't.
+        (Manual(), "manual optimisation", [FedProx(mu=0.1)]),
+        (TwoOptimizers(), "returned 2 optimizers", []),
+        (Scheduled(interval="step", monitor="train_loss"), "interval='step'", []),
+        (Scheduled(frequency=0), "frequency=0", []),
+        (Scheduled(monitor="val_loss"), "monitors 'val_loss'", []),
+        (PytorchLightningClassifier(), "import lightning.pytorch as pl", []),
     ],
-    ids=["manual", "two_optimizers", "interval_step", "frequency_0", "plateau_without_validation", "pytorch_lightning"],
+    ids=[
+        "manual",
+        "two_optimizers",
+        "plateau_every_step",
+        "frequency_0",
+        "plateau_without_validation",
+        "pytorch_lightning",
+    ],
 )
-def test_fit_refuses_in_one_line_before_writing(tmp_path, module, message):
+def test_fit_refuses_in_one_line_before_writing(tmp_path, module, message, callbacks):
     root = tmp_path / "root"
-    trainer = fast_trainer(root)
+    trainer = fast_trainer(root, callbacks=callbacks)
     with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(")) as error:
         trainer.fit(module, datamodule=make_datamodule(num_clients=4, num_samples=160))
     assert "\n" not in str(error.value)
