@@ -28,6 +28,7 @@ def reference(tmp_path_factory) -> dict:
     return torch.load(root / "out.pt", weights_only=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kill_round", "client_index"), [(0, 1), (1, 0), (3, 2)])
 def test_sigkilled_run_resumes_bit_identical(tmp_path, reference, kill_round, client_index):
     killed = _run(
@@ -64,6 +65,7 @@ def test_checkpoint_loads_with_weights_only(tmp_path, reference):
     assert federated["sampler"]["seed"] == 0
 
 
+@pytest.mark.slow
 def test_resume_with_a_stateful_aggregator_and_penalty(tmp_path):
     result = assert_resume_bit_identical(
         tmp_path, "--aggregator", 'lightning_fed.aggregators.FedAvg={"server_lr": 0.7}', kill_round=2, client_index=0

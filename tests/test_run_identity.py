@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
 
@@ -71,6 +72,7 @@ def test_the_sweep_drives_the_cli_with_its_base_config():
     assert set(sweep["parameters"]) == {"model.init_args.lr", "seed_everything"}
 
 
+@pytest.mark.slow
 def test_four_concurrent_fits_into_one_root_keep_their_runs_apart(tmp_path):
     """A sweep on one machine: four CLI fits started at once into one root, without a logger (no logger id)."""
     settings = [(0, 0.01), (1, 0.03), (2, 0.1), (3, 0.3)]

@@ -35,6 +35,7 @@ def _federated_state(checkpoint: Path) -> dict:
     return state["loops"]["fit_loop"]["epoch_loop.state_dict"]["federated"]["state"]
 
 
+@pytest.mark.slow
 def test_sigterm_stops_at_the_next_client_and_resumes_bit_identical(tmp_path):
     reference_dir, root, marker = tmp_path / "reference", tmp_path / "stopped", tmp_path / "paused"
     # The reference runs beside the stopped run: most of each run's wall time is start-up.
@@ -65,6 +66,7 @@ def test_sigterm_stops_at_the_next_client_and_resumes_bit_identical(tmp_path):
     assert_same_end_state(reference_dir / "out.pt", root / "out.pt", rounds_run_here=2)
 
 
+@pytest.mark.slow
 def test_lightning_fed_fit_exits_143_on_sigterm(tmp_path):
     marker = tmp_path / "paused"
     pauser = tmp_path / "pauser.yaml"

@@ -177,6 +177,7 @@ def test_a_client_that_never_trained_is_evaluated_with_the_global_model(tmp_path
     assert _evaluation_params(apfl, trainer, module, untrained[0]) is None
 
 
+@pytest.mark.slow
 def test_resume_is_bit_identical(tmp_path):
     result = assert_resume_bit_identical(tmp_path, "--callback", 'lightning_fed.callbacks.APFL={"alpha": 0.5}')
     assert result["store"]["apfl"], "APFL kept no per-client state"

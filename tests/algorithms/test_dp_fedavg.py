@@ -237,6 +237,7 @@ def test_accounting_refuses_callbacks_that_send_client_data_to_the_server(tmp_pa
     trainer.fit(BoringClassifier(), datamodule=make_datamodule())
 
 
+@pytest.mark.slow
 def test_resume_is_bit_identical(tmp_path):
     kwargs = '{"noise_multiplier": 1.0, "clip_norm": 0.3, "adaptive_clipping": true, "clipped_count_stddev": 1.0}'
     result = assert_resume_bit_identical(tmp_path, "--aggregator", f"lightning_fed.aggregators.DPFedAvg={kwargs}")

@@ -235,6 +235,7 @@ def test_heurfedamp_weights_in_a_run_have_the_configured_self_weight(tmp_path):
     assert trainer.federation_state.history[-1]["train/heurfedamp_proximal"] > 0
 
 
+@pytest.mark.slow
 def test_resume_is_bit_identical_with_personalised_state(tmp_path):
     # HeurFedAMP keeps the same state (it only overrides the weights), so one run covers both.
     spec = 'lightning_fed.callbacks.FedAMP={"alpha_k": 0.1, "sigma": 1.0, "heatmap_every_n_rounds": 1}'

@@ -286,6 +286,7 @@ def test_bad_arguments_name_the_argument(kwargs):
         FedCurv(**kwargs)
 
 
+@pytest.mark.slow
 def test_resume_is_bit_identical(tmp_path):
     result = assert_resume_bit_identical(
         tmp_path, "--callback", 'lightning_fed.callbacks.FedCurv={"lam": 1.0}', "--momentum", "0"

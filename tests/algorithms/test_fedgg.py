@@ -198,6 +198,7 @@ def test_a_global_model_that_did_not_move_gives_no_nan(tmp_path):
     assert 0.5 < history[-1]["train/fedgg_cosine"] < 1.0
 
 
+@pytest.mark.slow
 def test_resume_is_bit_identical(tmp_path):
     result = assert_resume_bit_identical(tmp_path, "--callback", 'lightning_fed.callbacks.FedGG={"mu": 1.0}')
     states = [s for s in result["callback_states"] if "previous_global" in s]

@@ -257,6 +257,7 @@ def test_too_few_clients_is_refused(tmp_path):
         _fit(tmp_path, [RFedAvg(1.0, "plus", LAYER, population="sampled")], num_clients=3, clients_per_round=1)
 
 
+@pytest.mark.slow
 def test_resume_is_bit_identical(tmp_path):
     assert_resume_bit_identical(
         tmp_path,

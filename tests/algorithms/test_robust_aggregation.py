@@ -253,6 +253,7 @@ def test_a_fit_with_fed_median_trains_and_stays_finite_beside_a_diverging_client
     assert isinstance(trainer.aggregator.aggregator, RobustAggregator)
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_multi_krum_run_is_bit_identical(tmp_path):
     # Robust rules keep nothing across rounds: the resumed run must still redo the interrupted round exactly.
     assert_resume_bit_identical(tmp_path, "--aggregator", 'lightning_fed.aggregators.MultiKrum={"num_byzantine": 0}')

@@ -184,6 +184,7 @@ def test_communication_is_twice_fedavg(tmp_path):
         assert [entry[key] for entry in scaffold.federation_state.history] == [2 * v for v in plain]
 
 
+@pytest.mark.slow
 def test_resume_is_bit_identical(tmp_path):
     result = assert_resume_bit_identical(
         tmp_path,

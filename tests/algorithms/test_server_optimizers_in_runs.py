@@ -119,6 +119,7 @@ def test_batchnorm_variance_stays_positive_under_a_large_server_step(tmp_path, a
     assert not math.isnan(trainer.federation_state.history[-1]["global/test_loss"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "spec",
     [

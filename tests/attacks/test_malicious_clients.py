@@ -249,6 +249,7 @@ def test_label_flip_without_num_classes_anywhere_is_refused():
     MaliciousClients(0.3, "label_flip", num_classes=4).check_setup(None, object())
 
 
+@pytest.mark.slow
 def test_resume_is_bit_identical(tmp_path):
     # Killed mid-round after an attacker's update was held: the noise is re-drawn from the same seed.
     spec = 'lightning_fed.attacks.MaliciousClients={"fraction": 0.4, "attack": "gaussian", "noise_std": 0.1}'

@@ -16,6 +16,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+# Two processes per test: the slow tier (`python -m pytest -q -m slow`, run by .ci/run).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).parents[1] / "helpers" / "distributed_run.py"
 REPEATS = 4
 

@@ -10,9 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from helpers.distributed_run import NUM_ROUNDS, fit, result
 from helpers.resume import _equal
+
+# Two processes per test: the slow tier (`python -m pytest -q -m slow`, run by .ci/run).
+pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).parents[1] / "helpers" / "distributed_run.py"
 

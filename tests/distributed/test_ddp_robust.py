@@ -5,10 +5,14 @@ the last round, which too few clients survive and so is skipped)."""
 
 from __future__ import annotations
 
+import pytest
 from test_ddp_rounds import _assert_same_run, _launch, _one_process, _ranks, _wait
 
 from lightning_fed.aggregators.normbound import CLIPPED_KEY
 from lightning_fed.aggregators.robust import SKIPPED_KEY
+
+# Two processes per test: the slow tier (`python -m pytest -q -m slow`, run by .ci/run).
+pytestmark = pytest.mark.slow
 
 
 def test_robust_aggregation_two_processes_equal_one(tmp_path):

@@ -29,6 +29,9 @@ from helpers.resume import _equal
 
 from lightning_fed.attacks import choose_malicious
 
+# Two processes per test: the slow tier (`python -m pytest -q -m slow`, run by .ci/run).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).parents[1] / "helpers" / "distributed_run.py"
 ALGORITHMS = ("fedavg", "stateful", "qfedavg", "fedamp", "attacks", "batched")
 KILL = ("2", "0")  # rank 0's first client of the last round: rounds 0 and 1 are checkpointed

@@ -6,7 +6,11 @@ and those must equal one process's; the run's BatchNorm buffers take the reduced
 
 from __future__ import annotations
 
+import pytest
 from test_ddp_rounds import _assert_same_run, _launch, _one_process, _ranks, _wait
+
+# Two processes per test: the slow tier (`python -m pytest -q -m slow`, run by .ci/run).
+pytestmark = pytest.mark.slow
 
 
 def test_fedadam_two_processes_equal_one(tmp_path):

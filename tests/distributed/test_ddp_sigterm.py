@@ -16,8 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from helpers.resume import _equal, run_script_until_sigterm
+
+# Two processes per test: the slow tier (`python -m pytest -q -m slow`, run by .ci/run).
+pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).parents[1] / "helpers" / "distributed_run.py"
 LINE = "lightning-fed: interrupted by SIGTERM after round 1; resume with --ckpt_path last"

@@ -39,6 +39,7 @@ def _installed(monkeypatch, *commands: EntryPoint) -> None:
     monkeypatch.setattr(cli, "entry_points", lambda group: [c for c in commands if c.group == group])
 
 
+@pytest.mark.slow
 def test_smoke_profile_end_to_end(tmp_path, monkeypatch, capsys):
     # The FMNIST presets read `data/` relative to the working directory, as `lightning-fed fit` does from the root.
     monkeypatch.chdir(ROOT)
