@@ -28,6 +28,7 @@ from lightning_fed.run.checkpoint_state import federated_checkpoint, restore_fed
 from lightning_fed.run.fingerprint import Fingerprint, experiment_fingerprint
 from lightning_fed.run.identity import new_run_dir, open_run
 from lightning_fed.run.lock import RunLock
+from lightning_fed.run.module_checks import check_lightning_package, check_optimization_setup
 from lightning_fed.run.reporting import RunReporter, publish_figure, resolve_run_dir
 from lightning_fed.run.resume import (
     evaluation_checkpoint,
@@ -42,9 +43,7 @@ from lightning_fed.run.setup_checks import (
     check_epoch_args,
     check_federation_setup,
     check_fit_setup,
-    check_lightning_package,
     check_lightning_settings,
-    check_optimization_setup,
     check_round_settings,
 )
 from lightning_fed.run.trainer_defaults import checkpoints_without_dir, default_callbacks, with_atomic_checkpoints

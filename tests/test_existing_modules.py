@@ -245,7 +245,7 @@ def test_fedprox_with_manual_optimisation_is_refused_in_one_line(tmp_path):
 
 
 def test_manual_optimisation_refusal_names_the_setting(tmp_path):
-    from lightning_fed.run.setup_checks import manual_optimization_refusal
+    from lightning_fed.run.module_checks import manual_optimization_refusal
 
     trainer = fast_trainer(tmp_path, client_parallelism=2)
     message = manual_optimization_refusal(trainer, TinyGAN())

@@ -11,7 +11,7 @@ from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
 from helpers.pl_module import PytorchLightningClassifier
 
 from lightning_fed.callbacks import FedProx
-from lightning_fed.run.setup_checks import check_lightning_package, check_optimization_setup
+from lightning_fed.run.module_checks import check_lightning_package, check_optimization_setup
 
 
 class Manual(BoringClassifier):

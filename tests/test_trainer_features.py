@@ -151,7 +151,7 @@ def test_plain_dataloaders_are_refused_with_a_hint(tmp_path):
 def test_fp16_loss_scaling_is_refused_for_algorithms_that_count_steps(tmp_path):
     from types import SimpleNamespace
 
-    from lightning_fed.run.setup_checks import check_module_setup
+    from lightning_fed.run.module_checks import check_module_setup
 
     class CountsSteps(FedCallback):
         supports_loss_scaling = False

@@ -46,17 +46,19 @@ from lightning_fed.cli.errors import (
 from lightning_fed.datamodules.base import FederatedDataModule
 from lightning_fed.hooks import FedCallback, federated_trainer
 from lightning_fed.run.identity import check_run_ids
+from lightning_fed.run.module_checks import (
+    check_lightning_package,
+    check_loss_scaling,
+    check_module_definition,
+    check_optimization_setup,
+)
 from lightning_fed.run.reporting import resolve_run_dir
 from lightning_fed.run.setup_checks import (
     check_checkpoint_path,
     check_clients_per_round,
     check_epoch_args,
-    check_lightning_package,
     check_lightning_settings,
-    check_loss_scaling,
-    check_module_definition,
     check_num_classes,
-    check_optimization_setup,
     check_output_dir,
     check_seed_everything,
 )

@@ -10,7 +10,7 @@ from lightning_fed import FedCallback
 from lightning_fed.aggregators import FedAvg
 from lightning_fed.callbacks import Scaffold
 from lightning_fed.functional.scaffold import client_control_update, gradient_correction, server_control_update
-from lightning_fed.run.setup_checks import check_module_setup
+from lightning_fed.run.module_checks import check_module_setup
 
 LR = 0.1
 
