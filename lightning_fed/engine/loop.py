@@ -92,6 +92,8 @@ class SigtermWatch:
     def at_boundary(self, more: bool) -> tuple[bool, bool]:
         """At a client boundary: whether any rank received SIGTERM (stop), and whether any rank has clients left
         (``more``: this rank's). Every rank calls it the same number of times in a round."""
+        if not distributed.is_distributed():
+            return self.received, more  # nothing to agree on: no tensor per client
         flags = torch.tensor([float(self.received), float(more)])
         distributed.all_reduce_sum_([flags])
         return bool(flags[0] > 0), bool(flags[1] > 0)
