@@ -38,13 +38,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.load import LoadRecord, LoadRecorder, add_wait_quiet_argument, footnote, mark
 from benchmarks.vs_flower_work import (
     CASES,
     LEARNING_RATE,
@@ -81,6 +82,8 @@ class Measurement:
     lightning_fed: list[float]
     flower: list[float] | None
     weight_diff: float | None = None
+    lightning_fed_loads: list[LoadRecord] = field(default_factory=list)
+    flower_loads: list[LoadRecord] = field(default_factory=list)
 
 
 def plan_runs(cases: list[str], workers: list[int], repeats: int, with_flower: bool) -> list[tuple[str, int, str]]:
@@ -102,12 +105,16 @@ def format_table(measurements: list[Measurement], batch_size: int) -> str:
         "|:---|:---|---:|---:|---:|---:|---:|",
     ]
     for m in measurements:
-        ours = f"{statistics.median(m.lightning_fed):.3f}"
+        # A median taken from any run at a load above the cores is marked (benchmarks/load.py); no record, no mark.
+        ours_mark = mark(m.lightning_fed_loads) if m.lightning_fed_loads else ""
+        ours = f"{statistics.median(m.lightning_fed):.3f}{ours_mark}"
         if m.flower is None:
             flower, ratio = "skipped", "–"
         else:
-            flower = f"{statistics.median(m.flower):.3f}"
-            ratio = f"**{statistics.median(f / o for f, o in zip(m.flower, m.lightning_fed)):.2f}×**"
+            flower_mark = mark(m.flower_loads) if m.flower_loads else ""
+            flower = f"{statistics.median(m.flower):.3f}{flower_mark}"
+            flower_over_ours = statistics.median(f / o for f, o in zip(m.flower, m.lightning_fed))
+            ratio = f"**{flower_over_ours:.2f}×**{max(ours_mark, flower_mark)}"
         lines.append(
             f"| {m.case.name} | {m.case.label} | {m.case.steps_per_round(batch_size)} | {m.workers} | {flower} | {ours}"
             f" | {ratio} |"
@@ -170,8 +177,10 @@ def write_data_files(cases: list[str], data_dir: str, seed: int, out_dir: Path) 
     return paths
 
 
-def launch(side: str, case: str, workers: int, data: Path, out: str, args: argparse.Namespace) -> float:
-    """Runs one side in a fresh process and returns its per-round time."""
+def launch(
+    side: str, case: str, workers: int, data: Path, out: str, args: argparse.Namespace
+) -> tuple[float, LoadRecord]:
+    """Runs one side in a fresh process and returns its per-round time and the load around the run."""
     here = Path(__file__).resolve().parent
     if side == "flower":
         command = [args.flower_python, str(here / "flower_app.py"), "--out", out, "--lr", str(LEARNING_RATE)]
@@ -182,10 +191,11 @@ def launch(side: str, case: str, workers: int, data: Path, out: str, args: argpa
     pythonpath = os.pathsep.join(filter(None, [str(here.parent), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
     for attempt in (1, 2):
-        with open(out + ".log", "w") as log:
+        # One torch thread per worker process: the run keeps `workers` cores busy.
+        with open(out + ".log", "w") as log, LoadRecorder(workers, args.wait_quiet) as load:
             done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=args.run_timeout)
         if done.returncode == 0:
-            return per_round_time(json.loads(Path(out).read_text())["round_ends"])
+            return per_round_time(json.loads(Path(out).read_text())["round_ends"]), load.record
         tail = "\n".join(Path(out + ".log").read_text().splitlines()[-15:])
         # Ray's start-up can time out on an overloaded machine; one retry, reported, keeps a long run going.
         print(f"  {side} on {case} with {workers} worker(s) failed (attempt {attempt}); its output ends:\n{tail}")
@@ -205,12 +215,13 @@ def measure(args: argparse.Namespace, flower: str | None, root: Path) -> list[Me
         for count in args.workers
     }
     for index, (case, count, side) in enumerate(plan_runs(args.cases, args.workers, args.repeats, flower is not None)):
-        seconds = launch(side, case, count, paths[case], str(root / f"{side}_{case}_{count}.json"), args)
+        seconds, load = launch(side, case, count, paths[case], str(root / f"{side}_{case}_{count}.json"), args)
         result = results[case, count]
         times = result.flower if side == "flower" else result.lightning_fed
         assert times is not None  # no Flower run is planned without Flower
         times.append(seconds)
-        print(f"  run {index + 1}: {case}, {count} worker(s), {side}: {seconds:.3f} s/round", flush=True)
+        (result.flower_loads if side == "flower" else result.lightning_fed_loads).append(load)
+        print(f"  run {index + 1}: {case}, {count} worker(s), {side}: {seconds:.3f}{mark(load)} s/round", flush=True)
     for (case, count), result in results.items():
         # Sampled clients differ between the two samplers; with every client training, the work is the same FedAvg.
         if flower is not None and CASES[case].clients_per_round == CASES[case].num_clients:
@@ -230,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", default=os.environ.get("LIGHTNING_FED_DATA", "data"))
     parser.add_argument("--flower-python", default=sys.executable, help="interpreter for the Flower side")
     parser.add_argument("--run-timeout", type=float, default=1800, help="seconds before one run is given up")
+    add_wait_quiet_argument(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the work per round only")
     parser.add_argument("--lightning-fed-worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
@@ -284,6 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nWall time per round, (T_R - T_1) / (R - 1), median of {args.repeats} repeats; ratio: median of the")
     print("per-repeat ratios. Same work on both sides (same batches); one torch thread per process.\n")
     print(format_table(measurements, args.batch_size))
+    print(footnote([load for m in measurements for load in m.lightning_fed_loads + m.flower_loads]))
     for m in measurements:
         if m.weight_diff is not None:
             print(f"  {m.case.name}, {m.workers} worker(s): final global models differ by {m.weight_diff:.1e} at most")
