@@ -77,7 +77,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         )
     loads = [row["load"] for row in rows if isinstance(row.get("load"), LoadRecord)]
     if loads:
-        lines.append(footnote(loads))
+        lines += ["", footnote(loads)]  # the blank line ends the Markdown table
     return "\n".join(lines)
 
 

@@ -151,7 +151,7 @@ def main(argv: list[str]) -> int:
     results = {"grid": args.grid, "seeds": args.seeds, "rounds": args.rounds, "runs": runs, "methods": methods}
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     loads = run_loads(runs)
-    text = table(methods, args.grid) + (footnote(loads) + "\n" if loads else "")
+    text = table(methods, args.grid) + ("\n" + footnote(loads) + "\n" if loads else "")
     (args.out / "results.md").write_text(text)
     print(text)
     return 0
