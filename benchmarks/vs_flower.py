@@ -53,6 +53,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.load import LoadRecord, LoadRecorder, add_wait_quiet_argument, footnote, mark
 from benchmarks.vs_flower_work import (
     CASES,
     LEARNING_RATE,
@@ -105,6 +106,8 @@ class Measurement:
     lightning_fed: list[float]
     flower: dict[str, list[float]] = field(default_factory=dict)
     weight_diff: dict[str, float] = field(default_factory=dict)
+    lightning_fed_loads: list[LoadRecord] = field(default_factory=list)
+    flower_loads: dict[str, list[LoadRecord]] = field(default_factory=dict)
 
 
 def plan_runs(cases: list[str], workers: list[int], repeats: int, flower_apis: list[str]) -> list[tuple[str, int, str]]:
@@ -135,17 +138,22 @@ def format_table(measurements: list[Measurement], batch_size: int, flower_apis: 
     header += [f"{name} / lightning_fed" for name in names]
     lines = ["| " + " | ".join(header) + " |", "|:---|:---|" + "---:|" * (len(header) - 2)]
     for m in measurements:
+        # A median taken from any run at a load above the cores is marked (benchmarks/load.py); no record, no mark.
+        ours_mark = mark(m.lightning_fed_loads) if m.lightning_fed_loads else ""
         times, ratios = [], []
         for api in flower_apis:
             theirs = m.flower.get(api)
             if theirs:
-                times.append(f"{statistics.median(theirs):.3f}")
-                ratios.append(f"**{statistics.median(f / o for f, o in zip(theirs, m.lightning_fed)):.2f}×**")
+                loads = m.flower_loads.get(api, [])
+                theirs_mark = mark(loads) if loads else ""
+                times.append(f"{statistics.median(theirs):.3f}{theirs_mark}")
+                ratio = statistics.median(f / o for f, o in zip(theirs, m.lightning_fed))
+                ratios.append(f"**{ratio:.2f}×**{max(ours_mark, theirs_mark)}")
             else:
                 times.append("skipped")
                 ratios.append("–")
         row = [m.case.name, m.case.label, str(m.case.steps_per_round(batch_size)), str(m.workers)]
-        row += times + [f"{statistics.median(m.lightning_fed):.3f}"] + ratios
+        row += times + [f"{statistics.median(m.lightning_fed):.3f}{ours_mark}"] + ratios
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -205,8 +213,10 @@ def write_data_files(cases: list[str], data_dir: str, seed: int, out_dir: Path) 
     return paths
 
 
-def launch(side: str, case: str, workers: int, data: Path, out: str, args: argparse.Namespace) -> float:
-    """Runs one side in a fresh process and returns its per-round time."""
+def launch(
+    side: str, case: str, workers: int, data: Path, out: str, args: argparse.Namespace
+) -> tuple[float, LoadRecord]:
+    """Runs one side in a fresh process and returns its per-round time and the load around the run."""
     here = Path(__file__).resolve().parent
     if side.startswith("flower-"):
         script = FLOWER_APIS[side.removeprefix("flower-")][0]
@@ -218,10 +228,11 @@ def launch(side: str, case: str, workers: int, data: Path, out: str, args: argpa
     pythonpath = os.pathsep.join(filter(None, [str(here.parent), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
     for attempt in (1, 2):
-        with open(out + ".log", "w") as log:
+        # One torch thread per worker process: the run keeps `workers` cores busy.
+        with open(out + ".log", "w") as log, LoadRecorder(workers, args.wait_quiet) as load:
             done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=args.run_timeout)
         if done.returncode == 0:
-            return per_round_time(json.loads(Path(out).read_text())["round_ends"])
+            return per_round_time(json.loads(Path(out).read_text())["round_ends"]), load.record
         tail = "\n".join(Path(out + ".log").read_text().splitlines()[-15:])
         # Ray's start-up can time out on an overloaded machine; one retry, reported, keeps a long run going.
         print(f"  {side} on {case} with {workers} worker(s) failed (attempt {attempt}); its output ends:\n{tail}")
@@ -242,11 +253,15 @@ def measure(args: argparse.Namespace, flower_apis: list[str], root: Path) -> lis
         for count in args.workers
     }
     for index, (case, count, side) in enumerate(plan_runs(args.cases, args.workers, args.repeats, flower_apis)):
-        seconds = launch(side, case, count, paths[case], str(root / f"{side}_{case}_{count}.json"), args)
+        seconds, load = launch(side, case, count, paths[case], str(root / f"{side}_{case}_{count}.json"), args)
         result = results[case, count]
         times = result.flower[side.removeprefix("flower-")] if side != "lightning_fed" else result.lightning_fed
         times.append(seconds)
-        print(f"  run {index + 1}: {case}, {count} worker(s), {side}: {seconds:.3f} s/round", flush=True)
+        if side == "lightning_fed":
+            result.lightning_fed_loads.append(load)
+        else:
+            result.flower_loads.setdefault(side.removeprefix("flower-"), []).append(load)
+        print(f"  run {index + 1}: {case}, {count} worker(s), {side}: {seconds:.3f}{mark(load)} s/round", flush=True)
     for (case, count), result in results.items():
         # Sampled clients differ between the samplers; with every client training, the work is the same FedAvg.
         if CASES[case].clients_per_round != CASES[case].num_clients:
@@ -276,6 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--flower-python", default=sys.executable, help="interpreter for the Flower sides")
     parser.add_argument("--run-timeout", type=float, default=1800, help="seconds before one run is given up")
+    add_wait_quiet_argument(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the work per round only")
     parser.add_argument("--lightning-fed-worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
@@ -333,6 +349,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nWall time per round, (T_R - T_1) / (R - 1), median of {args.repeats} repeats; ratio: median of the")
     print("per-repeat ratios. Same work on every side (same batches); one torch thread per process.\n")
     print(format_table(measurements, args.batch_size, apis))
+    print(
+        footnote(
+            [load for m in measurements for load in m.lightning_fed_loads]
+            + [load for m in measurements for loads in m.flower_loads.values() for load in loads]
+        )
+    )
     for m in measurements:
         for api, diff in m.weight_diff.items():
             print(
