@@ -6,13 +6,15 @@ full-profile run. A claim whose runs failed gets no verdict, and says which runs
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from benchmarks.reproduce import measures, rules
-from benchmarks.reproduce.experiments import EXPERIMENTS
+from benchmarks.reproduce.experiments import EXPERIMENTS, PAPER_LR_SUFFIX, PROTOCOLS
 from benchmarks.reproduce.measures import MissingMetricError, Summary
 from benchmarks.reproduce.rules import Verdict
+from benchmarks.reproduce.seeds import SeededSummaries
 
 GLOBAL_ACC = "global/test_acc"
 NO_VERDICT = "no verdict"
@@ -34,6 +36,10 @@ class Claim:
         requires: Runs without which no verdict is possible.
         measure: Summaries of the successful runs to the verdict.
         reads: Further runs the measure uses when they succeeded (sweep levels, baselines).
+        seeded_measure: A measure that needs each seed's runs, not only their means (v2's claim 6: steadiness per
+            run, averaged over seeds); used instead of ``measure`` when the seeds are given.
+        v1_measure: Where v2 amended v1's rule, v1's rule, applied to the same runs for the report's comparison.
+        v1_number: The v1 claim whose verdict the report prints beside this one (``None``: v2 only).
     """
 
     key: str
@@ -46,19 +52,40 @@ class Claim:
     requires: tuple[str, ...]
     measure: Callable[[Summaries], Verdict]
     reads: tuple[str, ...] = ()
+    seeded_measure: Callable[[Summaries, SeededSummaries], Verdict] | None = None
+    v1_measure: Callable[[Summaries], Verdict] | None = None
+    v1_number: str | None = ""
 
     @property
     def runs(self) -> set[str]:
         """Every run the claim reads."""
         return set(self.requires) | {name for _, name in self.curves} | set(self.reads)
 
-    def evaluate(self, summaries: Summaries) -> Verdict:
-        """The verdict, or "no verdict" naming the failed runs or the missing metric."""
+    @property
+    def compared_to(self) -> str | None:
+        """The number of the v1 claim this one is printed beside."""
+        return self.number if self.v1_number == "" else self.v1_number
+
+    def evaluate(self, summaries: Summaries, seeded: SeededSummaries | None = None) -> Verdict:
+        """The verdict, or "no verdict" naming the failed runs or the missing metric.
+
+        ``seeded`` (run -> seed -> summary, the runs ``summaries`` are the means of) is read by a claim with a
+        :attr:`seeded_measure`; without it such a claim uses :attr:`measure`.
+        """
+        if self.seeded_measure is not None and seeded is not None:
+            return self._guarded(lambda runs: self.seeded_measure(runs, seeded), summaries)  # type: ignore[misc]
+        return self._guarded(self.measure, summaries)
+
+    def evaluate_v1_rule(self, summaries: Summaries) -> Verdict | None:
+        """v1's rule on these runs, where v2 amended it; ``None`` where the rule is v1's."""
+        return None if self.v1_measure is None else self._guarded(self.v1_measure, summaries)
+
+    def _guarded(self, measure: Callable[[Summaries], Verdict], summaries: Summaries) -> Verdict:
         missing = [name for name in self.requires if name not in summaries]
         if missing:
             return Verdict(NO_VERDICT, f"runs failed or not run: {', '.join(missing)}")
         try:
-            return self.measure(summaries)
+            return measure(summaries)
         except (MissingMetricError, ValueError) as error:
             return Verdict(NO_VERDICT, str(error))
 
@@ -324,19 +351,151 @@ CLAIMS: tuple[Claim, ...] = (
     ),
 )
 
+
+def _rounds_to_two_targets(run: str, fedavg: str) -> Callable[[Summaries], Verdict]:
+    """v2's claim 5: rounds to FedAvg's accuracy at half its rounds and to its final accuracy; the ``ours`` text
+    also says how much FedAvg still gained over its last quarter (plateau: under 1 point)."""
+
+    def measure(summaries: Summaries) -> Verdict:
+        ours, base = summaries[run], summaries[fedavg]
+        targets = []
+        for target in (measures.at_fraction(base, GLOBAL_ACC, 0.5), _final(summaries, fedavg)):
+            targets.append(
+                (
+                    measures.rounds_to_reach(ours, GLOBAL_ACC, target),
+                    measures.rounds_to_reach(base, GLOBAL_ACC, target),
+                    target,
+                )
+            )
+        verdict = rules.fewer_rounds_two_targets("FedCurv", targets[0], targets[1], 1.2)
+        gain = measures.late_gain(base, GLOBAL_ACC)
+        plateau = "plateaued" if gain < 0.01 else "not plateaued"
+        return Verdict(
+            verdict.verdict, f"{verdict.ours}; FedAvg's last-quarter gain {100 * gain:.1f} points ({plateau})"
+        )
+
+    return measure
+
+
+def _rfedavg_steadier_per_run(summaries: Summaries, seeded: SeededSummaries) -> Verdict:
+    """v2's claim 6: accuracy on the seed means, steadiness per run then averaged over the seeds."""
+
+    def per_run_std(name: str) -> float:
+        runs = seeded.get(name, {})
+        if not runs:
+            raise MissingMetricError(f"no seed of {name!r} succeeded")
+        return statistics.fmean(measures.round_to_round_std(runs[seed], GLOBAL_ACC) for seed in sorted(runs))
+
+    ours, fedavg = "rfedavg_paper_sim0", "fedavg_rfedavg_sim0"
+    verdict = rules.at_least_and_steadier(
+        "rFedAvg+",
+        measures.tail_mean(summaries[ours], GLOBAL_ACC),
+        measures.tail_mean(summaries[fedavg], GLOBAL_ACC),
+        per_run_std(ours),
+        per_run_std(fedavg),
+    )
+    return Verdict(verdict.verdict, verdict.ours.replace("round-to-round std", "per-run round-to-round std (mean)"))
+
+
+_FEDGG_FMNIST_BASELINES = {
+    "FedAvg": "fedavg_fmnist_beta01",
+    "FedProx": "fedprox_fmnist_beta01",
+    "SCAFFOLD": "scaffold_fmnist_beta01",
+}
+
+
+def _fedgg_v2(suffix: str, note: str, v1_number: str | None) -> tuple[Claim, Claim]:
+    """v2's claims 7 and 8a on Fashion-MNIST with LeNet-5, at the fair-search choice (``suffix`` "") or at the
+    paper's lr 0.01 (:data:`PAPER_LR_SUFFIX`)."""
+    fedgg, fedavg = f"fedgg_fmnist_beta01{suffix}", f"fedavg_fmnist_beta01{suffix}"
+    baselines = {label: f"{name}{suffix}" for label, name in _FEDGG_FMNIST_BASELINES.items()}
+    number = "" if not suffix else " (lr 0.01)"
+    rounds, above = _BY_KEY["fedgg_rounds"], _BY_KEY["baselines_fedgg"]
+    return (
+        replace(
+            rounds,
+            key=f"fedgg_rounds{suffix}",
+            number=f"7{number}",
+            text=f"{rounds.text} Fashion-MNIST, LeNet-5; {note}.",
+            curves=(("FedGG", fedgg), *baselines.items()),
+            requires=(fedgg, fedavg),
+            measure=_rounds_to_fedavg_final("FedGG", fedgg, fedavg, 1.25),
+            v1_number=v1_number,
+        ),
+        replace(
+            above,
+            key=f"baselines_fedgg{suffix}",
+            number=f"8a{number}",
+            text=f"{above.text} Fashion-MNIST, LeNet-5; {note}.",
+            requires=(fedgg,),
+            measure=_against_baselines("FedGG", fedgg, baselines, lambda s: measures.best(s, GLOBAL_ACC)),
+            reads=tuple(baselines.values()),
+            v1_number=v1_number,
+        ),
+    )
+
+
+_BY_KEY = {claim.key: claim for claim in CLAIMS}
+
+
+def _v2_claims() -> tuple[Claim, ...]:
+    """The claims as PROTOCOL.md amends them: claim 5 at two targets, claim 6 steadiness per run, claims 7 and 8a
+    on Fashion-MNIST (fair search, and again at the paper's lr 0.01); the others as in v1."""
+    fedcurv = _BY_KEY["fedcurv_rounds"]
+    steadier = _BY_KEY["rfedavg_sim0"]
+    amended = {
+        "fedcurv_rounds": (
+            replace(
+                fedcurv,
+                text=f"{fedcurv.text} Both at the paper's η = 0.01.",
+                rule="targets = FedAvg's global test accuracy at half its rounds (mid) and its final accuracy; "
+                "speed-up = FedAvg's rounds / FedCurv's; reproduced: ≥ 1.2× at mid and ≥ 1× at final; partly: > 1× "
+                "at one of the two; not: otherwise or never. (v2 amendment; v1: final target only, ≥ 1.2×.)",
+                measure=_rounds_to_two_targets("fedcurv_paper", "fedavg_fedcurv"),
+                v1_measure=fedcurv.measure,
+            ),
+        ),
+        "rfedavg_sim0": (
+            replace(
+                steadier,
+                rule="accuracy = mean of the last 5 rounds' global test accuracy (seed means); steadiness = std of "
+                "the round-to-round change over the second half, per run, averaged over the seeds; reproduced: both "
+                "≥ FedAvg's / ≤ FedAvg's; partly: one; not: neither. (v2 amendment; v1: std of the seed-mean curve.)",
+                seeded_measure=_rfedavg_steadier_per_run,
+                v1_measure=steadier.measure,
+            ),
+        ),
+        "fedgg_rounds": _fedgg_v2("", "fair search", "7")[:1] + _fedgg_v2(PAPER_LR_SUFFIX, "paper's lr 0.01", None)[:1],
+        "baselines_fedgg": _fedgg_v2("", "fair search", "8a")[1:]
+        + _fedgg_v2(PAPER_LR_SUFFIX, "paper's lr 0.01", None)[1:],
+    }
+    return tuple(new for claim in CLAIMS for new in amended.get(claim.key, (claim,)))
+
+
+CLAIMS_V2 = _v2_claims()
+CLAIM_SETS: dict[str, tuple[Claim, ...]] = {"v1": CLAIMS, "v2": CLAIMS_V2}
+
 #: The per-client accuracy distributions drawn per split (FedAMP's Fig. 2).
 CLIENT_DISTRIBUTIONS = {split: _personal_curves(split) for split in ("pathological", "practical")}
 
 
-def claims_for(keys: list[str] | None = None) -> tuple[Claim, ...]:
-    """All claims, or those whose key or number is in ``keys`` (unknown ones are an error)."""
+def claims_for(keys: list[str] | None = None, protocol: str = "v1") -> tuple[Claim, ...]:
+    """All claims of ``protocol``, or those whose key or number is in ``keys`` (unknown ones are an error). A v2
+    number names its variants too ("7" selects "7" and "7 (lr 0.01)")."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"`protocol` must be one of {PROTOCOLS}, got {protocol!r}.")
+    claims = CLAIM_SETS[protocol]
     if keys is None:
-        return CLAIMS
-    known = {claim.key for claim in CLAIMS} | {claim.number for claim in CLAIMS}
+        return claims
+
+    def numbers(claim: Claim) -> set[str]:
+        return {claim.number, claim.number.split(" ")[0]}
+
+    known = {claim.key for claim in claims}.union(*(numbers(claim) for claim in claims))
     unknown = sorted(set(keys) - known)
     if unknown:
         raise ValueError(f"Unknown claims {unknown}; choose keys or numbers from {sorted(known)}.")
-    return tuple(claim for claim in CLAIMS if claim.key in keys or claim.number in keys)
+    return tuple(claim for claim in claims if claim.key in keys or numbers(claim) & set(keys))
 
 
 def experiments_of(claims: tuple[Claim, ...]) -> set[str]:
@@ -346,6 +505,8 @@ def experiments_of(claims: tuple[Claim, ...]) -> set[str]:
 
 __all__ = [
     "CLAIMS",
+    "CLAIMS_V2",
+    "CLAIM_SETS",
     "CLIENT_DISTRIBUTIONS",
     "NO_VERDICT",
     "Claim",

@@ -14,6 +14,7 @@ Examples::
     lightning-fed reproduce --profile small --report-only         # redraw the report from finished runs
     lightning-fed reproduce --profile small --list                # the runs and their exact commands
     lightning-fed reproduce --profile small --tune                # the hyperparameter search, on validation data
+    lightning-fed reproduce --protocol v2 --profile small --list  # PROTOCOL.md's runs, counted
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.reproduce.claims import claims_for, experiments_of
-from benchmarks.reproduce.experiments import DEFAULT_SEEDS, PROFILES, Experiment, experiments_for, seeded
+from benchmarks.reproduce.experiments import (
+    DEFAULT_SEEDS,
+    PROFILES,
+    PROTOCOLS,
+    Experiment,
+    default_seeds,
+    experiments_for,
+    seeded,
+)
 from benchmarks.reproduce.report import run_context, write_report
 from benchmarks.reproduce.runner import (
     RunResult,
@@ -58,7 +67,22 @@ def _parser() -> argparse.ArgumentParser:
         "rounds and client numbers",
     )
     parser.add_argument(
-        "--out-dir", type=Path, help="where runs, figures and REPRODUCTION.md go (default runs/reproduce/<profile>)"
+        "--protocol",
+        choices=PROTOCOLS,
+        default="v1",
+        help="v1: the reproduction as REPRODUCTION.md describes it; v2: as PROTOCOL.md pre-registers it (default v1)",
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        help="where runs, figures and REPRODUCTION.md go (default runs/reproduce/<profile>, v2: "
+        "runs/reproduce/v2/<profile>)",
+    )
+    parser.add_argument(
+        "--v1-report",
+        type=Path,
+        help="v2: the v1 reproduction.json whose verdicts the report prints beside v2's (default "
+        "runs/reproduce/<profile>/reproduction.json)",
     )
     parser.add_argument("--claims", nargs="+", help="claim keys or numbers (default: all)")
     parser.add_argument(
@@ -198,13 +222,23 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root.resolve()
     if not (root / "configs").is_dir():
         raise SystemExit(f"--root {root} holds no configs/ folder: run from the repository root or pass --root.")
-    claims = claims_for(args.claims)
+    claims = claims_for(args.claims, args.protocol)
     needed = experiments_of(claims)
-    chosen = [run for run in experiments_for(args.profile, args.runs) if run.name in needed]
-    experiments = seeded(chosen, tuple(args.seeds or DEFAULT_SEEDS[args.profile]))
-    out_dir = (args.out_dir or Path("runs") / "reproduce" / args.profile).resolve()
+    chosen = [run for run in experiments_for(args.profile, args.runs, args.protocol) if run.name in needed]
+    if args.seeds:
+        experiments = seeded(chosen, tuple(args.seeds))
+    else:
+        experiments = [
+            run.with_seed(seed) for run in chosen for seed in default_seeds(args.protocol, args.profile, run.name)
+        ]
+    default_dir = Path("runs") / "reproduce" / ("v2" if args.protocol == "v2" else "") / args.profile
+    out_dir = (args.out_dir or default_dir).resolve()
     wandb = None if args.no_wandb else WandbOptions(args.wandb_project, args.profile)
     if args.tune:
+        if args.protocol == "v2":
+            from benchmarks.reproduce.tune_v2_command import tune_v2
+
+            return tune_v2(args, argv, chosen, out_dir / "tune", root, wandb)
         return _tune(args, argv, chosen, out_dir / "tune", root, wandb)
     if args.list:
         for run in experiments:
@@ -213,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
                     fit_args(run, args.profile, run_dir_of(out_dir, run.run_name), root, wandb, args.override), root
                 )
             )
+        print(
+            f"# {len(experiments)} runs ({len(chosen)} experiments), protocol {args.protocol}, profile {args.profile}",
+            file=sys.stderr,
+        )
         return 0
     start = time.perf_counter()
     if args.report_only:
@@ -234,7 +272,10 @@ def main(argv: list[str] | None = None) -> int:
             timeout_s=args.timeout,
         )
     context = _context(args, argv, results, time.perf_counter() - start)
-    report = write_report(out_dir, args.profile, claims, results, context)
+    v1_report = None
+    if args.protocol == "v2":
+        v1_report = (args.v1_report or Path("runs") / "reproduce" / args.profile / "reproduction.json").resolve()
+    report = write_report(out_dir, args.profile, claims, results, context, args.protocol, v1_report)
     if wandb is not None:
         from benchmarks.reproduce.dashboard import log_report
 

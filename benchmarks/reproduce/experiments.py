@@ -15,6 +15,9 @@ from pathlib import Path
 
 PROFILES = ("smoke", "small", "full")
 
+#: The reproduction's versions: v1 as REPRODUCTION.md describes it, v2 as PROTOCOL.md pre-registers it.
+PROTOCOLS = ("v1", "v2")
+
 #: Seeds each profile runs every experiment with (``--seeds`` changes them). A seed sets ``seed_everything``: the
 #: model's initialisation, client sampling and data order; the split stays the preset's (its partitioner seed), as
 #: the split is part of the setting a claim is about.
@@ -72,18 +75,33 @@ SCALING: dict[str, dict[str, tuple[str, ...]]] = {
         "small": (),
         "full": ("--trainer.num_rounds", "60"),
     },
+    # v2 (PROTOCOL.md): claim 5 at the paper's eta = 0.01 needs more rounds for FedAvg to plateau.
+    "fedcurv_v2": {
+        "smoke": (*_FMNIST_ZHAO_SMOKE, "--trainer.local_epochs", "1"),
+        "small": ("--trainer.num_rounds", "100"),
+        "full": ("--trainer.num_rounds", "200"),
+    },
+    # v2: claims 7 and 8a on Fashion-MNIST with LeNet-5; the preset holds the paper's R = 100.
+    "fedgg_fmnist": {
+        "smoke": (*_FMNIST_ZHAO_SMOKE, "--trainer.local_epochs", "1"),
+        "small": ("--trainer.num_rounds", "50"),
+        "full": (),
+    },
 }
 
 
 #: The settings chosen by the hyperparameter search (``lightning-fed reproduce --tune --write-presets``): one file
 #: per run, named after it and composed after its presets, with the search's table in its header.
 TUNED_DIR = "configs/tuned"
+#: v2's tuned settings (``lightning-fed reproduce --protocol v2 --tune --write-presets``), apart from v1's.
+TUNED_DIR_V2 = "configs/tuned_v2"
+TUNED_DIRS = {"v1": TUNED_DIR, "v2": TUNED_DIR_V2}
 _REPOSITORY = Path(__file__).resolve().parents[2]
 
 
-def with_tuned(name: str, configs: tuple[str, ...]) -> tuple[str, ...]:
+def with_tuned(name: str, configs: tuple[str, ...], tuned_dir: str = TUNED_DIR) -> tuple[str, ...]:
     """``configs`` followed by the run's tuned preset, when the search has written one."""
-    tuned = f"{TUNED_DIR}/{name}.yaml"
+    tuned = f"{tuned_dir}/{name}.yaml"
     return (*configs, tuned) if (_REPOSITORY / tuned).is_file() else configs
 
 
@@ -189,14 +207,22 @@ _PERSONALIZED_PROFILES = {
 }
 
 
-def _personalized() -> list[Experiment]:
+#: v2 (PROTOCOL.md, claim 4): the practical split at the paper's stated client sizes, 1000 / 700 / 400 training
+#: images per group plus each client's 100 test images.
+PRACTICAL_SIZES_V2 = ("--data.init_args.partitioner.init_args.samples_per_client=[1100,800,500]",)
+
+
+def _personalized(protocol: str = "v1") -> list[Experiment]:
     runs = []
     for split in ("pathological", "practical"):
+        args = PRACTICAL_SIZES_V2 if protocol == "v2" and split == "practical" else ()
         for method in PERSONALIZED_METHODS:
             profiles = _PERSONALIZED_PROFILES[split].get(method, FULL)
             configs = (f"configs/fmnist/personalized/{split}.yaml", f"configs/fmnist/personalized/{method}.yaml")
             name = f"{split}_{method}"
-            runs.append(Experiment(name, with_tuned(name, configs), split, profiles=profiles))
+            runs.append(
+                Experiment(name, with_tuned(name, configs, TUNED_DIRS[protocol]), split, args, profiles=profiles)
+            )
     return runs
 
 
@@ -251,15 +277,75 @@ def _global_model_runs() -> list[Experiment]:
 
 EXPERIMENTS: dict[str, Experiment] = {run.name: run for run in [*_zhao(), *_personalized(), *_global_model_runs()]}
 
+#: v2's claims 7 and 8a (PROTOCOL.md): run name -> method file after fmnist/dirichlet01.yaml (None for FedAvg).
+FEDGG_FMNIST_RUNS: dict[str, str | None] = {
+    "fedgg_fmnist_beta01": "fmnist/fedgg.yaml",
+    "fedavg_fmnist_beta01": None,
+    "fedprox_fmnist_beta01": "fmnist/fedprox.yaml",
+    "scaffold_fmnist_beta01": "fmnist/scaffold_dirichlet.yaml",
+}
+#: The suffix of the same runs at the paper's lr 0.01 (and the method files' paper values, FedGG and FedProx
+#: mu = 0.01), without a tuned file.
+PAPER_LR_SUFFIX = "_lr001"
+_PAPER_LR = ("--model.init_args.lr", "0.01")
+_SMOKE_FEDGG_FMNIST = {"fedgg_fmnist_beta01", "fedavg_fmnist_beta01"}
 
-def experiments_for(profile: str, names: list[str] | None = None) -> list[Experiment]:
+
+def _v2_global_model_runs() -> list[Experiment]:
+    """Claims 5, 6, 8b as in v1 but tuned by v2's search (claim 5 at eta = 0.01, more rounds); 7 and 8a on
+    Fashion-MNIST with LeNet-5, at the fair-search choice and at the paper's lr 0.01."""
+    runs = []
+    for name, configs in _GLOBAL_RUNS["fedcurv"].items():
+        paths = tuple(f"configs/experiments/{config}" for config in configs)
+        runs.append(Experiment(name, with_tuned(name, paths, TUNED_DIR_V2), "fedcurv_v2", _PAPER_LR, profiles=ALL))
+    for name, configs in _GLOBAL_RUNS["rfedavg"].items():
+        paths = tuple(f"configs/experiments/{config}" for config in configs)
+        profiles = ALL if name in _SMOKE_GLOBAL_RUNS else SMALL_AND_FULL
+        runs.append(Experiment(name, with_tuned(name, paths, TUNED_DIR_V2), "rfedavg", profiles=profiles))
+    for name, method in FEDGG_FMNIST_RUNS.items():
+        paths = ("configs/experiments/fmnist/dirichlet01.yaml", *((f"configs/experiments/{method}",) if method else ()))
+        profiles = ALL if name in _SMOKE_FEDGG_FMNIST else SMALL_AND_FULL
+        runs.append(Experiment(name, with_tuned(name, paths, TUNED_DIR_V2), "fedgg_fmnist", profiles=profiles))
+        runs.append(Experiment(name + PAPER_LR_SUFFIX, paths, "fedgg_fmnist", _PAPER_LR, profiles=SMALL_AND_FULL))
+    return runs
+
+
+#: v2's runs (PROTOCOL.md): Zhao's as in v1; FedAMP's with v2's tuned files and the practical split at the paper's
+#: client sizes; the global-model comparisons of :func:`_v2_global_model_runs`.
+EXPERIMENTS_V2: dict[str, Experiment] = {
+    run.name: run for run in [*_zhao(), *_personalized("v2"), *_v2_global_model_runs()]
+}
+REGISTRIES: dict[str, dict[str, Experiment]] = {"v1": EXPERIMENTS, "v2": EXPERIMENTS_V2}
+
+#: v2's full profile runs three seeds for the runs claims 3, 4 and 7 require, and seed 0 for the rest.
+FULL_THREE_SEEDS_V2 = frozenset(
+    {
+        *(f"pathological_{method}" for method in ("fedamp", "heurfedamp", "fedavg", "separate")),
+        *(f"practical_{method}" for method in ("fedamp", "separate", "fedavg")),
+        "fedgg_fmnist_beta01",
+        "fedavg_fmnist_beta01",
+    }
+)
+
+
+def default_seeds(protocol: str, profile: str, name: str) -> tuple[int, ...]:
+    """The seeds a run gets when ``--seeds`` is not given."""
+    if protocol == "v2" and profile == "full":
+        return (0, 1, 2) if name in FULL_THREE_SEEDS_V2 else (0,)
+    return DEFAULT_SEEDS[profile]
+
+
+def experiments_for(profile: str, names: list[str] | None = None, protocol: str = "v1") -> list[Experiment]:
     """The profile's runs, in registry order; ``names`` restricts them (unknown names are an error)."""
     if profile not in PROFILES:
         raise ValueError(f"`profile` must be one of {PROFILES}, got {profile!r}.")
-    unknown = sorted(set(names or ()) - set(EXPERIMENTS))
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"`protocol` must be one of {PROTOCOLS}, got {protocol!r}.")
+    registry = REGISTRIES[protocol]
+    unknown = sorted(set(names or ()) - set(registry))
     if unknown:
-        raise ValueError(f"Unknown experiment names {unknown}; choose from {sorted(EXPERIMENTS)}.")
-    chosen = [run for run in EXPERIMENTS.values() if profile in run.profiles]
+        raise ValueError(f"Unknown experiment names {unknown}; choose from {sorted(registry)}.")
+    chosen = [run for run in registry.values() if profile in run.profiles]
     return [run for run in chosen if names is None or run.name in names]
 
 
@@ -271,6 +357,13 @@ def seeded(experiments: list[Experiment], seeds: tuple[int, ...]) -> list[Experi
 __all__ = [
     "DEFAULT_SEEDS",
     "EXPERIMENTS",
+    "EXPERIMENTS_V2",
+    "FEDGG_FMNIST_RUNS",
+    "PAPER_LR_SUFFIX",
+    "PROTOCOLS",
+    "REGISTRIES",
+    "TUNED_DIR_V2",
+    "default_seeds",
     "PERSONALIZED_METHODS",
     "PROFILES",
     "SCALING",

@@ -53,6 +53,24 @@ def tail_mean(summary: Summary, key: str, last: int = 5) -> float:
     return statistics.fmean(values)
 
 
+def at_fraction(summary: Summary, key: str, fraction: float = 0.5) -> float:
+    """The value of ``key`` at ``fraction`` of the run: the last logged round at or before ``fraction`` × the last
+    logged round (the first logged value when none is). Claim 5's mid-curve target (PROTOCOL.md)."""
+    points = series(summary, key)
+    cutoff = fraction * points[-1][0]
+    before = [value for round_, value in points if round_ <= cutoff]
+    return before[-1] if before else points[0][1]
+
+
+def late_gain(summary: Summary, key: str, fraction: float = 0.25, last: int = 5) -> float:
+    """How much ``key`` still rose over the last ``fraction`` of the run: the mean of its last ``last`` values minus
+    the mean of the ``last`` values ending at the start of that stretch (a plateau check)."""
+    values = [value for _, value in series(summary, key)]
+    start = max(1, int(round(len(values) * (1 - fraction))))
+    earlier = values[max(0, start - last) : start]
+    return statistics.fmean(values[-last:]) - statistics.fmean(earlier)
+
+
 def rounds_to_reach(summary: Summary, key: str, target: float) -> float | None:
     """The first round whose ``key`` is at least ``target``; ``None`` when no round reaches it."""
     return next((round_ for round_, value in series(summary, key) if value >= target), None)
@@ -112,6 +130,8 @@ def mean_emd(summary: Summary) -> float:
 
 __all__ = [
     "MissingMetricError",
+    "at_fraction",
+    "late_gain",
     "best",
     "bmta",
     "client_accuracies",

@@ -156,7 +156,7 @@ def _markdown(
 ) -> str:
     failed = [result for result in results if not result.ok]
     lines = [
-        f"# Reproduction report ({profile} profile)",
+        f"# Reproduction report ({profile if 'protocol' in profile else profile + ' profile'})",
         "",
         *(f"- {key}: {value}" for key, value in context.items()),
         f"- runs: {len(results) - len(failed)} ok, {len(failed)} failed",
@@ -196,6 +196,41 @@ def _markdown(
     return "\n".join(lines) + "\n"
 
 
+def _v1_verdicts(path: Path | None) -> dict[str, str]:
+    """Claim number -> verdict of a v1 ``reproduction.json`` (empty when there is none)."""
+    if path is None or not path.is_file():
+        return {}
+    payload = json.loads(path.read_text())
+    return {claim["number"]: claim["verdict"] for claim in payload.get("claims", [])}
+
+
+def _side_by_side(
+    claims: Sequence[Claim],
+    verdicts: Mapping[str, Verdict],
+    v1_rule: Mapping[str, Verdict | None],
+    v1_verdicts: Mapping[str, str],
+    v1_report: Path | None,
+) -> list[str]:
+    """v2's verdict beside v1's rule on the same runs (where v2 amended it) and v1's own verdict."""
+    source = f"`{v1_report}`" if v1_verdicts else "none found" + (f" at `{v1_report}`" if v1_report else "")
+    lines = [
+        "## v1 beside v2",
+        "",
+        f"v1's verdicts come from its own runs (v1 report: {source}). Where PROTOCOL.md amended a rule, v1's rule "
+        "on these v2 runs is shown too.",
+        "",
+        "| # | v2 verdict | v1's rule on the v2 runs | v1 verdict (v1 runs) |",
+        "|---|---|---|---|",
+    ]
+    for claim in claims:
+        rule = v1_rule.get(claim.key)
+        shown = "same rule" if rule is None else f"{rule.verdict}: {_cell(rule.ours)}"
+        number = claim.compared_to
+        v1 = "– (new in v2)" if number is None else v1_verdicts.get(number, "–")
+        lines.append(f"| {claim.number} | **{verdicts[claim.key].verdict}** | {shown} | {v1} |")
+    return [*lines, ""]
+
+
 def run_context(command: str, wall_s: float, how: str) -> dict[str, str]:
     """Date, machine, command and wall time, as the report header shows them."""
     return {
@@ -207,22 +242,42 @@ def run_context(command: str, wall_s: float, how: str) -> dict[str, str]:
 
 
 def write_report(
-    out_dir: Path, profile: str, claims: Sequence[Claim], results: Sequence[RunResult], context: Mapping[str, str]
+    out_dir: Path,
+    profile: str,
+    claims: Sequence[Claim],
+    results: Sequence[RunResult],
+    context: Mapping[str, str],
+    protocol: str = "v1",
+    v1_report: Path | None = None,
 ) -> Report:
-    """Writes ``REPRODUCTION.md``, ``reproduction.json`` and the figures into ``out_dir``."""
+    """Writes ``REPRODUCTION.md``, ``reproduction.json`` and the figures into ``out_dir``.
+
+    With ``protocol`` v2 the report also prints v1's verdicts beside v2's: from ``v1_report`` (a v1
+    ``reproduction.json``) and, for the rules PROTOCOL.md amended, v1's rule applied to these runs.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     seeded = _summaries(results)
     summaries = mean_summaries(seeded)
-    verdicts = {claim.key: claim.evaluate(summaries) for claim in claims}
+    verdicts = {claim.key: claim.evaluate(summaries, seeded) for claim in claims}
     seed_verdicts = {
-        seed: {claim.key: claim.evaluate(runs) for claim in claims} for seed, runs in per_seed_summaries(seeded).items()
+        seed: {
+            claim.key: claim.evaluate(runs, {name: {seed: summary} for name, summary in runs.items()})
+            for claim in claims
+        }
+        for seed, runs in per_seed_summaries(seeded).items()
     }
     seed_lines = _seed_tables(claims, seeded, seed_verdicts) if len(seed_verdicts) > 1 else []
+    v1_rule = {claim.key: claim.evaluate_v1_rule(summaries) for claim in claims}
+    v1_verdicts = _v1_verdicts(v1_report)
+    if protocol == "v2":
+        seed_lines = [*_side_by_side(claims, verdicts, v1_rule, v1_verdicts, v1_report), *seed_lines]
     drawn, errors = _draw(out_dir, claims, summaries, results)
     path = out_dir / "REPRODUCTION.md"
-    path.write_text(_markdown(profile, claims, verdicts, results, drawn, errors, context, seed_lines))
+    title = profile if protocol == "v1" else f"{profile} profile, protocol {protocol}"
+    path.write_text(_markdown(title, claims, verdicts, results, drawn, errors, context, seed_lines))
     payload = {
         "profile": profile,
+        "protocol": protocol,
         **context,
         "claims": [
             {
@@ -234,6 +289,14 @@ def write_report(
                 "ours": verdicts[c.key].ours,
                 "verdict": verdicts[c.key].verdict,
                 "per_seed": {str(seed): seed_verdicts[seed][c.key].verdict for seed in seed_verdicts},
+                **(
+                    {
+                        "v1_rule_on_these_runs": None if v1_rule[c.key] is None else v1_rule[c.key].verdict,  # type: ignore[union-attr]
+                        "v1_verdict": None if c.compared_to is None else v1_verdicts.get(c.compared_to),
+                    }
+                    if protocol == "v2"
+                    else {}
+                ),
             }
             for c in claims
         ],

@@ -7,6 +7,7 @@ take plain numbers, so they are unit-tested on fabricated values.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -132,6 +133,38 @@ def fewer_rounds(
     return Verdict(REPRODUCED if speedup >= speedup_needed else PARTLY if speedup > 1 else NOT, ours)
 
 
+def fewer_rounds_two_targets(
+    method: str,
+    mid: tuple[float | None, float | None, float],
+    final: tuple[float | None, float | None, float],
+    speedup_needed: float = 1.2,
+) -> Verdict:
+    """v2's claim 5 (PROTOCOL.md): rounds to FedAvg's accuracy at half its rounds (``mid``: the paper's 90 %
+    column, 1.46×) and to its final accuracy (``final``: the paper's 95 % column, 1.07×). Each target is
+    ``(method's rounds, FedAvg's rounds, target)``.
+
+    reproduced: speed-up ≥ ``speedup_needed`` at the mid target and ≥ 1× at the final one; partly: > 1× at one of
+    the two; not: otherwise (a method that never reaches a target has no speed-up there).
+    """
+
+    def speedup(rounds: float | None, baseline: float | None) -> float | None:
+        if rounds is None:
+            return None
+        return math.inf if baseline is None else baseline / rounds
+
+    parts, speedups = [], []
+    for label, (rounds, baseline, target) in (("mid", mid), ("final", final)):
+        value = speedup(rounds, baseline)
+        speedups.append(value)
+        shown = "" if value is None or math.isinf(value) else f" ({value:.2f}×)"
+        parts.append(f"{label}: to {pct(target)}: {method} {_rounds(rounds)}, FedAvg {_rounds(baseline)}{shown}")
+    at_mid, at_final = speedups
+    ours = "; ".join(parts)
+    if at_mid is not None and at_final is not None and at_mid >= speedup_needed and at_final >= 1:
+        return Verdict(REPRODUCED, ours)
+    return Verdict(PARTLY if any(s is not None and s > 1 for s in speedups) else NOT, ours)
+
+
 def at_least_and_steadier(
     method: str, accuracy: float, baseline: float, oscillation: float, baseline_oscillation: float
 ) -> Verdict:
@@ -171,5 +204,6 @@ __all__ = [
     "fedamp_pathological",
     "fedamp_practical",
     "fewer_rounds",
+    "fewer_rounds_two_targets",
     "sharing_recovers",
 ]
