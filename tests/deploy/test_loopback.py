@@ -1,0 +1,124 @@
+"""A deployment over the loopback transport (server and sites in one process, every message through the wire
+encoding) equals ``FederatedTrainer.fit`` of the same configuration, and no client's own state leaves its site."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
+
+from lightning_fed.aggregators import FedAvg, QFedAvg
+from lightning_fed.callbacks import FedCurv, FedProx, Scaffold
+from lightning_fed.deploy import ClientSite, LoopbackTransport, RemoteClients, RoundTask, serve
+from lightning_fed.deploy.site_store import SiteStateStore
+
+NUM_CLIENTS = 4
+
+# (aggregator, callbacks) factories: every site and the server build their own objects, as from one config.
+ALGORITHMS: dict[str, Callable[[], tuple[Any, list[Any]]]] = {
+    "fedavg": lambda: (FedAvg(), []),
+    "fedprox": lambda: (FedAvg(), [FedProx(mu=0.1)]),
+    "scaffold+fedcurv": lambda: (FedAvg(weighting="uniform"), [Scaffold(), FedCurv(lam=0.1)]),
+    "qfedavg": lambda: (QFedAvg(q=1.0, lipschitz=10.0), []),
+}
+
+
+def _settings(algorithm: str) -> dict[str, Any]:
+    aggregator, callbacks = ALGORITHMS[algorithm]()
+    return dict(
+        num_rounds=3,
+        clients_per_round=3,
+        aggregator=aggregator,
+        callbacks=callbacks,
+        client_eval="none",
+        eval_every_n_rounds=0,
+        seed=0,
+    )
+
+
+def _module() -> BoringClassifier:
+    torch.manual_seed(0)
+    return BoringClassifier(lr=0.1, batch_norm=True)
+
+
+def _simulated(tmp_path: Any, algorithm: str) -> dict[str, torch.Tensor]:
+    module = _module()
+    fast_trainer(tmp_path / "sim", **_settings(algorithm)).fit(module, datamodule=make_datamodule(NUM_CLIENTS))
+    return module.state_dict()
+
+
+def _sites(tmp_path: Any, algorithm: str) -> dict[int, ClientSite]:
+    def build() -> tuple[Any, Any, dict[str, Any]]:
+        settings = _settings(algorithm)
+        settings.update(default_root_dir=str(tmp_path / "site"), accelerator="cpu", devices=1)
+        return BoringClassifier(lr=0.1, batch_norm=True), make_datamodule(NUM_CLIENTS), settings
+
+    return {cid: ClientSite(build, tmp_path / "site-state") for cid in range(NUM_CLIENTS)}
+
+
+def _deployed(tmp_path: Any, algorithm: str, transport: Any = None) -> dict[str, torch.Tensor]:
+    module = _module()
+    trainer = fast_trainer(tmp_path / "server", **_settings(algorithm))
+    transport = transport or LoopbackTransport(_sites(tmp_path, algorithm))
+    serve(trainer, module, make_datamodule(NUM_CLIENTS), transport)
+    return module.state_dict()
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_a_loopback_deployment_equals_the_simulated_fit(tmp_path, algorithm):
+    simulated = _simulated(tmp_path, algorithm)
+    deployed = _deployed(tmp_path, algorithm)
+    assert deployed.keys() == simulated.keys()
+    for name, value in simulated.items():
+        torch.testing.assert_close(deployed[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    # The model trained: a deployment that never reached the sites would still hold the initial weights.
+    assert not torch.equal(deployed["net.0.weight"], _module().state_dict()["net.0.weight"])
+
+
+class _RecordingTransport(LoopbackTransport):
+    """The loopback, keeping every task and reply it carried."""
+
+    def __init__(self, sites: dict[int, ClientSite]) -> None:
+        super().__init__(sites)
+        self.tasks: list[RoundTask] = []
+        self.replies: list[Any] = []
+
+    def exchange(self, tasks: list[RoundTask]) -> dict[int, Any]:
+        self.tasks += tasks
+        replies = super().exchange(tasks)
+        self.replies += list(replies.values())
+        return replies
+
+
+def test_no_client_store_namespace_leaves_a_site(tmp_path):
+    transport = _RecordingTransport(_sites(tmp_path, "scaffold+fedcurv"))
+    _deployed(tmp_path, "scaffold+fedcurv", transport)
+    per_client = {"scaffold", "fedcurv"}
+
+    def keys(value: Any) -> set[str]:
+        if isinstance(value, dict):
+            return {str(k) for k in value} | {k for item in value.values() for k in keys(item)}
+        if isinstance(value, (list, tuple)):
+            return {k for item in value for k in keys(item)}
+        return set()
+
+    assert transport.replies, "no site replied"
+    for reply in transport.replies:
+        assert not keys(reply.round_state) & per_client
+    # ... and the sites do keep them: every trained client has a SCAFFOLD control and FedCurv statistics on disk.
+    trained = {task.client_id for task in transport.tasks}
+    for client_id in trained:
+        stored = SiteStateStore(tmp_path / "site-state", client_id)
+        state = stored.load(committed_round=10)
+        assert set(state) == per_client, client_id
+
+
+def test_the_server_holds_no_client_state(tmp_path):
+    module = _module()
+    trainer = fast_trainer(tmp_path / "server", **_settings("scaffold+fedcurv"))
+    serve(trainer, module, make_datamodule(NUM_CLIENTS), LoopbackTransport(_sites(tmp_path, "scaffold+fedcurv")))
+    assert trainer.federation_state.store.namespaces() == []
+    assert isinstance(trainer.fed_runner.clients, RemoteClients)
