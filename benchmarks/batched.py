@@ -15,7 +15,9 @@ repeat (sequential, then each ``--parallelism`` setting, with a fresh trainer an
 repeats (default 3); the table gives the median round time of each way and the median over repeats of the
 per-repeat ratio sequential / batched (> 1: batched is faster), which pairs runs that were close in time on a
 shared machine. The final global models of the two ways are
-compared as a check that they computed the same thing.
+compared as a check that they computed the same thing. Every fit records the 1-minute load average before and
+after it (``benchmarks/load.py``): the table ends with the load line, and a figure built from a fit at a load
+above the CPU count is marked ``*`` (unreliable); ``--wait-quiet SECONDS`` waits for a quieter machine first.
 
 Device and precision: ``--device cpu`` (default, with ``--threads`` torch threads, default 1 as in
 ``benchmarks/speed.py``) or ``--device cuda`` with ``--precision 32-true`` or ``bf16-mixed``.
@@ -30,15 +32,21 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import tempfile
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.load import LoadRecord, LoadRecorder, add_wait_quiet_argument, footnote, mark
 from lightning_fed import FedCallback, FederatedTrainer
 from lightning_fed.datamodules import DatasetFederated, IidPartitioner
 from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset
@@ -77,8 +85,9 @@ class RoundClock(FedCallback):
 
 def run(
     args: argparse.Namespace, model: str, clients: int, parallelism: int | str, root: str
-) -> tuple[tuple[float, float], Any]:
-    """Median wall and CPU seconds of rounds 2..R, and the final global state with the group size used."""
+) -> tuple[tuple[float, float], Any, LoadRecord]:
+    """Median wall and CPU seconds of rounds 2..R, the final global state with the group size used, and the load
+    around the fit."""
     clock = RoundClock()
     module = make_module(model, args.seed)
     datamodule = make_datamodule(clients, args.samples_per_client, args.batch_size, args.seed)
@@ -102,11 +111,14 @@ def run(
         default_root_dir=root,
         callbacks=[clock],
     )
-    trainer.fit(module, datamodule=datamodule)
+    # On a GPU the fit keeps one host core busy; on the CPU, its torch threads.
+    cores = 1 if args.device == "cuda" else args.threads or os.cpu_count() or 1
+    with LoadRecorder(cores, args.wait_quiet) as load:
+        trainer.fit(module, datamodule=datamodule)
     wall = statistics.median(w for w, _ in clock.rounds[1:])
     cpu = statistics.median(c for _, c in clock.rounds[1:])
     size = trainer.fed_runner.batched.size if trainer.fed_runner is not None else None
-    return (wall, cpu), ({k: v.detach().float().cpu() for k, v in module.state_dict().items()}, size)
+    return (wall, cpu), ({k: v.detach().float().cpu() for k, v in module.state_dict().items()}, size), load.record
 
 
 def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -126,6 +138,7 @@ def main() -> None:
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    add_wait_quiet_argument(parser)
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be at least 2: the first round is not timed")
@@ -140,33 +153,41 @@ def main() -> None:
         " CPU s/round seq. / batched | CPU speed-up | max rel. diff |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
+    all_loads: list[LoadRecord] = []
     with tempfile.TemporaryDirectory() as root:
         for model in args.models:
             for clients in args.clients:
                 times: dict[Any, list[tuple[float, float]]] = {p: [] for p in [1, *settings]}
                 ratios: dict[Any, list[tuple[float, float]]] = {p: [] for p in settings}
+                loads: dict[Any, list[LoadRecord]] = {p: [] for p in [1, *settings]}
                 sizes: dict[Any, Any] = {}
                 diffs: dict[Any, float] = {}
                 for _ in range(args.repeats):
-                    base, (reference, _) = run(args, model, clients, 1, root)
+                    base, (reference, _), load = run(args, model, clients, 1, root)
                     times[1].append(base)
+                    loads[1].append(load)
                     for p in settings:
-                        elapsed, (state, sizes[p]) = run(args, model, clients, p, root)
+                        elapsed, (state, sizes[p]), load = run(args, model, clients, p, root)
                         times[p].append(elapsed)
+                        loads[p].append(load)
                         ratios[p].append((base[0] / elapsed[0], base[1] / elapsed[1]))
                         diffs[p] = max(diffs.get(p, 0.0), max_relative_difference(state, reference))
 
                 def median(values: list[tuple[float, float]], k: int) -> float:
                     return statistics.median(v[k] for v in values)
 
+                sequential = mark(loads[1])
                 for p in settings:
+                    batched, both = mark(loads[p]), mark(loads[1] + loads[p])
                     print(
-                        f"| {model} | {clients} | {p} ({sizes[p]}) | {median(times[1], 0):.3f} |"
-                        f" {median(times[p], 0):.3f} | {median(ratios[p], 0):.2f}x |"
+                        f"| {model} | {clients} | {p} ({sizes[p]}) | {median(times[1], 0):.3f}{sequential} |"
+                        f" {median(times[p], 0):.3f}{batched} | {median(ratios[p], 0):.2f}x{both} |"
                         f" {median(times[1], 1):.3f} / {median(times[p], 1):.3f} | {median(ratios[p], 1):.2f}x |"
                         f" {diffs[p]:.1e} |",
                         flush=True,
                     )
+                all_loads += [load for records in loads.values() for load in records]
+    print(footnote(all_loads))
 
 
 if __name__ == "__main__":

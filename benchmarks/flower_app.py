@@ -10,15 +10,13 @@ The end of every round is stamped by the strategy's ``evaluate_fn``, which ``Str
 round's aggregation; it evaluates nothing.
 
 Run as ``python benchmarks/flower_app.py --case cross-silo --workers 2 --data <file> --out <json>`` (what
-``vs_flower.py`` does, in a fresh process per run). Flower is imported only here, and only when this runs.
+``vs_flower.py --flower-apis message`` does, in a fresh process per run). Flower is imported only in the two Flower
+apps (this one and ``flower_numpy_app.py``), and only when they run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -28,16 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.vs_flower_work import CASES, Case, client_batches, load_case_data, make_model, train_on_batches
-
-_DATA: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-"""Per Ray actor: the data file, read on the actor's first message (in round 1, which is not timed)."""
-
-
-def _actor_data(path: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if path not in _DATA:
-        _DATA[path] = load_case_data(path)
-    return _DATA[path]
+from benchmarks.flower_run import actor_data, backend_config, parse_run_args, write_run
+from benchmarks.vs_flower_work import CASES, Case, client_batches, make_model, train_on_batches
 
 
 def build_client_app() -> Any:
@@ -52,7 +42,7 @@ def build_client_app() -> Any:
         config = msg.content["config"]
         case = CASES[str(config["case"])]
         client_id = int(context.node_config["partition-id"])
-        x, y = _actor_data(str(config["data"]))
+        x, y = actor_data(str(config["data"]))
         model = make_model(0)
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         batches = client_batches(
@@ -110,37 +100,17 @@ def run(args: argparse.Namespace) -> None:
     case = CASES[args.case]
     round_ends: list[float] = []
     final: dict[str, torch.Tensor] = {}
-    backend_config = {
-        "init_args": {"num_cpus": args.workers, "num_gpus": 0, "logging_level": "error", "log_to_driver": False},
-        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-    }
     run_simulation(
         server_app=build_server_app(case, args, round_ends, final),
         client_app=build_client_app(),
         num_supernodes=case.num_clients,
-        backend_config=backend_config,
+        backend_config=backend_config(args.workers),
     )
-    if len(round_ends) != args.rounds:
-        raise RuntimeError(f"Flower finished {len(round_ends)} of {args.rounds} rounds; see its log above.")
-    torch.save(final, args.out + ".pt")
-    Path(args.out).write_text(json.dumps({"round_ends": round_ends}))
+    write_run(args, round_ends, final)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="One Flower simulation run of vs_flower.py.")
-    parser.add_argument("--case", choices=sorted(CASES), required=True)
-    parser.add_argument("--workers", type=int, required=True)
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--rounds", type=int, required=True)
-    parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--lr", type=float, required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    logging.getLogger("flwr").setLevel(logging.WARNING)
-    run(args)
+    run(parse_run_args("One Flower simulation run of vs_flower.py, written against the message API."))
 
 
 if __name__ == "__main__":

@@ -6,18 +6,27 @@ logged metric are finite and that the model stayed on the GPU, and prints the se
 
     python benchmarks/gpu_smoke.py                       # bf16-mixed and 16-mixed, every algorithm family
     python benchmarks/gpu_smoke.py --precision bf16-mixed --rounds 3
+
+Each timed fit records the 1-minute load average before and after it (``benchmarks/load.py``): a time taken at a
+load above the CPU count is marked ``*`` (unreliable: the host process that drives the GPU waited for a core), and
+the load line ends the output.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.load import LoadRecord, LoadRecorder, add_wait_quiet_argument, footnote, mark
 from lightning_fed import FederatedTrainer
 from lightning_fed.aggregators import FedAvg, QFedAvg
 from lightning_fed.callbacks import APFL, FedAMP, FedCurv, FedProx, FineTune, Scaffold, Separate
@@ -60,7 +69,9 @@ def make_data(num_clients: int, seed: int = 0) -> DatasetFederated:
     return DatasetFederated(train, test, 10, partitioner, batch_size=32, client_test_fraction=0.2)
 
 
-def smoke(name: str, precision: str, rounds: int, root: str) -> tuple[float, float]:
+def smoke(
+    name: str, precision: str, rounds: int, root: str, wait_quiet_s: float = 0.0
+) -> tuple[float, float, LoadRecord]:
     callbacks, aggregator = ALGORITHMS[name]()
     probe = DeviceProbe()
     trainer = FederatedTrainer(
@@ -80,16 +91,18 @@ def smoke(name: str, precision: str, rounds: int, root: str) -> tuple[float, flo
         seed=0,
     )
     module = ClassifierModule(backbone=LeNet5(in_channels=1, num_classes=10), num_classes=10, optimizer="sgd", lr=0.05)
-    start = time.perf_counter()
-    trainer.fit(module, datamodule=make_data(10))
-    seconds = (time.perf_counter() - start) / rounds
+    data = make_data(10)
+    with LoadRecorder(1, wait_quiet_s) as load:  # one host process drives the GPU
+        start = time.perf_counter()
+        trainer.fit(module, datamodule=data)
+        seconds = (time.perf_counter() - start) / rounds
     assert probe.devices == {"cuda"}, f"{name}: parameters were on {probe.devices} during training"
     assert all(torch.isfinite(p).all() for p in module.parameters()), f"{name}: non-finite global model"
     final = trainer.federation_state.history[-1]
     bad = [key for key, value in final.items() if not math.isfinite(value)]
     assert not bad, f"{name}: non-finite metrics {bad}"
     accuracy = next((v for k, v in final.items() if k.endswith("test_acc_mean")), float("nan"))
-    return seconds, accuracy
+    return seconds, accuracy, load.record
 
 
 def main() -> None:
@@ -97,10 +110,12 @@ def main() -> None:
     parser.add_argument("--precision", nargs="+", default=["bf16-mixed", "16-mixed"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
+    add_wait_quiet_argument(parser)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("No CUDA device: this smoke run is for GPU machines only.")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    loads: list[LoadRecord] = []
     with tempfile.TemporaryDirectory() as root:
         for precision in args.precision:
             for name in args.algorithms:
@@ -111,8 +126,10 @@ def main() -> None:
                         print(f"{precision:10s} {name:10s} refused as documented: {str(error)[:90]}")
                         continue
                     raise SystemExit(f"{name} should refuse 16-mixed")
-                seconds, accuracy = smoke(name, precision, args.rounds, root)
-                print(f"{precision:10s} {name:10s} {seconds:6.2f} s/round  mean client acc {accuracy:.3f}")
+                seconds, accuracy, load = smoke(name, precision, args.rounds, root, args.wait_quiet)
+                loads.append(load)
+                print(f"{precision:10s} {name:10s} {seconds:6.2f}{mark(load)} s/round  mean client acc {accuracy:.3f}")
+    print(footnote(loads))
 
 
 if __name__ == "__main__":

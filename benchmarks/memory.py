@@ -31,6 +31,9 @@ Run from the repository root::
 
     python benchmarks/memory.py                      # 10 vs 10 000 clients, 5 rounds, sampled client eval
     python benchmarks/memory.py --client-eval all --tracemalloc
+
+Every timed run records the 1-minute load average before and after it (``benchmarks/load.py``); the output ends
+with the load line, and a time taken at a load above the CPU count is marked ``*`` (unreliable).
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# Standard library only: importing it adds nothing to the children's memory figures.
+from benchmarks.load import LoadRecorder, add_wait_quiet_argument, footnote, mark
 
 GOAL = 1.2
 """Goal: peak RSS with 10 000 clients <= GOAL x peak RSS with 10 clients."""
@@ -169,17 +177,19 @@ def child(config: dict, args: argparse.Namespace) -> dict:
 
 
 def run_child(config: dict, args: argparse.Namespace, tracemalloc: bool) -> dict:
+    """Runs one configuration in a fresh subprocess; its result carries the load around it under ``"load"``."""
     command = [
         sys.executable, __file__, "--child", json.dumps(config), "--rounds", str(args.rounds), "--data-dir",
         args.data_dir, "--client-eval", args.client_eval, "--threads", str(args.threads),
     ]  # fmt: skip
     if tracemalloc:
         command.append("--tracemalloc")
-    completed = subprocess.run(command, capture_output=True, text=True)
+    with LoadRecorder(args.threads or os.cpu_count() or 1, args.wait_quiet) as load:
+        completed = subprocess.run(command, capture_output=True, text=True)
     if completed.returncode != 0:
         sys.stderr.write(completed.stdout + completed.stderr)
         raise SystemExit(f"The child for {config['name']!r} failed with exit code {completed.returncode}.")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return {**json.loads(completed.stdout.strip().splitlines()[-1]), "load": load.record}
 
 
 def _fmt(value: float | None, spec: str = ".0f") -> str:
@@ -196,6 +206,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads in the children (0: torch's default)")
     parser.add_argument("--tracemalloc", action="store_true", help="also measure Python-level allocation peaks")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    add_wait_quiet_argument(parser)
     args = parser.parse_args()
 
     if args.child:
@@ -215,7 +226,7 @@ def main() -> None:
         if args.tracemalloc:
             result.update({k: v for k, v in run_child(config, args, tracemalloc=True).items() if "py_peak" in k})
         rows.append((config, result))
-        print(f"  {config['name']}: rounds took {result['rounds_s']:.1f} s", flush=True)
+        print(f"  {config['name']}: rounds took {result['rounds_s']:.1f}{mark(result['load'])} s", flush=True)
 
     header = (
         "| configuration | steps/round | RSS after imports (MiB) | peak RSS, whole process (MiB) |"
@@ -233,6 +244,7 @@ def main() -> None:
         if args.tracemalloc:
             line += f" {r['setup_py_peak']:.1f} | {r['rounds_py_peak_over_start']:.1f} |"
         print(line)
+    print(footnote([r["load"] for _, r in rows]))
     small, large = rows[0][1], rows[1][1]
     ratio = large["peak_rss"] / small["peak_rss"]
     print(

@@ -15,6 +15,9 @@ a warm-up (oneDNN's first LSTM call alone takes seconds on a CPU); the median of
 Threads: ``--threads 1`` by default, as in ``benchmarks/speed.py``: on a shared 2-core machine torch's default of one
 OpenMP thread per core spends its time waiting for descheduled peers. ``--threads 0`` keeps torch's default.
 
+Each fit records the 1-minute load average before and after it (``benchmarks/load.py``): a median taken at a load
+above the CPU count is marked ``*`` (unreliable), and the load line follows the table.
+
 Usage::
 
     python benchmarks/reference_models.py                      # both workloads, CPU
@@ -24,11 +27,17 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import tempfile
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.load import LoadRecord, LoadRecorder, add_wait_quiet_argument, footnote, mark
 from lightning_fed import FederatedTrainer
 from lightning_fed.datamodules import DatasetFederated, IidPartitioner, TensorClassificationDataset
 from lightning_fed.models import VGG16, ClassifierModule, SentimentLSTM
@@ -52,8 +61,10 @@ def workload(name: str, samples: int) -> tuple[ClassifierModule, DatasetFederate
     return ClassifierModule(backbone, num_classes=classes, lr=0.01), data
 
 
-def time_rounds(name: str, samples: int, rounds: int, accelerator: str) -> list[float]:
-    """``time/round_s`` of every round of a ``rounds``-round fit."""
+def time_rounds(
+    name: str, samples: int, rounds: int, accelerator: str, cores: int = 1, wait_quiet_s: float = 0.0
+) -> tuple[list[float], LoadRecord]:
+    """``time/round_s`` of every round of a ``rounds``-round fit, and the load around the fit (``cores`` in use)."""
     module, data = workload(name, samples)
     with tempfile.TemporaryDirectory() as root:
         trainer = FederatedTrainer(
@@ -72,8 +83,9 @@ def time_rounds(name: str, samples: int, rounds: int, accelerator: str) -> list[
             accelerator=accelerator,
             devices=1,
         )
-        trainer.fit(module, datamodule=data)
-        return [row["time/round_s"] for row in trainer.federation_state.history]
+        with LoadRecorder(cores, wait_quiet_s) as load:
+            trainer.fit(module, datamodule=data)
+        return [row["time/round_s"] for row in trainer.federation_state.history], load.record
 
 
 def main() -> None:
@@ -84,19 +96,29 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="round 1 is a warm-up; the median of the rest is shown")
     parser.add_argument("--threads", type=int, default=1, help="torch threads; 0 keeps torch's default")
     parser.add_argument("--accelerator", default="cpu")
+    add_wait_quiet_argument(parser)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), accelerator {args.accelerator}")
     print("| workload | samples | batch | steps/round | rounds timed (s) | median s/round |")
     print("|---|---:|---:|---:|---|---:|")
+    # On the CPU the fit keeps its torch threads busy; on an accelerator, the one host process that drives it.
+    cores = (args.threads or os.cpu_count() or 1) if args.accelerator == "cpu" else 1
+    loads: list[LoadRecord] = []
     for name in args.workloads:
         samples = args.sent140_samples if name == "sent140" else args.cifar_samples
         batch = 10 if name == "sent140" else 50
-        times = time_rounds(name, samples, args.rounds, args.accelerator)[1:]
+        all_times, load = time_rounds(name, samples, args.rounds, args.accelerator, cores, args.wait_quiet)
+        times = all_times[1:]
+        loads.append(load)
         shown = ", ".join(f"{t:.2f}" for t in times)
         steps = -(-samples // batch)
-        print(f"| {name} | {samples} | {batch} | {steps} | {shown} | {statistics.median(times):.2f} |", flush=True)
+        print(
+            f"| {name} | {samples} | {batch} | {steps} | {shown} | {statistics.median(times):.2f}{mark(load)} |",
+            flush=True,
+        )
+    print(footnote(loads))
 
 
 if __name__ == "__main__":

@@ -17,12 +17,16 @@ Run from the repository root::
 
     python benchmarks/robust_memory.py                 # 100 clients per round, 3 rounds, every aggregator
     python benchmarks/robust_memory.py --clients 20 --rounds 2 --only fedavg fedmedian
+
+Every timed run records the 1-minute load average before and after it (``benchmarks/load.py``); the output ends
+with the load line, and a time taken at a load above the CPU count is marked ``*`` (unreliable).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -32,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.load import LoadRecord, LoadRecorder, add_wait_quiet_argument, footnote, mark
 from benchmarks.memory import current_rss_mib, maxrss_mib, reset_peak
 
 AGGREGATORS = ("fedavg", "normbound+fedavg", "fedmedian", "trimmed_mean", "krum", "multikrum", "bulyan")
@@ -105,6 +110,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads in the children")
     parser.add_argument("--only", nargs="+", choices=list(AGGREGATORS), default=list(AGGREGATORS))
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    add_wait_quiet_argument(parser)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args)))
@@ -114,19 +120,25 @@ def main() -> None:
     print(f"{args.clients} clients per round, {args.rounds} rounds, {args.threads} torch thread(s)")
     print(header)
     print("-" * len(header))
+    loads: list[LoadRecord] = []
     for name in args.only:
         command = [sys.executable, __file__, "--child", name, *common]
-        completed = subprocess.run(command, capture_output=True, text=True)
+        with LoadRecorder(args.threads or os.cpu_count() or 1, args.wait_quiet) as load:
+            completed = subprocess.run(command, capture_output=True, text=True)
+        loads.append(load.record)
         if completed.returncode != 0:
             sys.stderr.write(completed.stdout + completed.stderr)
             raise SystemExit(f"The child for {name!r} failed with exit code {completed.returncode}.")
         row = json.loads(completed.stdout.strip().splitlines()[-1])
         over = row.get("rounds_over_start")
+        unreliable = mark(load.record)  # the times only: memory does not depend on the load
+        update, compute = f"{row['update_s']:.2f}{unreliable}", f"{row['compute_s']:.2f}{unreliable}"
         print(
             f"{row['aggregator']:<44} {row['peak_rss']:>12.0f} {'n/a' if over is None else f'{over:.0f}':>22}"
-            f" {row['update_s']:>9.2f} {row['compute_s']:>10.2f}",
+            f" {update:>9} {compute:>10}",
             flush=True,
         )
+    print(footnote(loads))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,10 @@ Run from the repository root (about 5 s per run with the 2NN on a loaded 2-core 
 
     python benchmarks/robustness.py                                        # every rule, fraction and attack
     python benchmarks/robustness.py --rules lightning_fed.aggregators.FedAvg --seeds 0 1
+
+The table holds accuracies, which the load does not change; the per-run times printed as the runs finish record the
+1-minute load average around each run (``benchmarks/load.py``): a time taken at a load above the CPU count is marked
+``*`` (unreliable), and the load line follows the table.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.load import LoadRecord, LoadRecorder, add_wait_quiet_argument, footnote, mark
 from benchmarks.speed import SubsampledIidPartitioner, benchmark_trainer
 from lightning_fed.aggregation import Aggregator
 from lightning_fed.attacks import ATTACKS, MaliciousClients, num_malicious
@@ -145,10 +150,14 @@ def run_one(
     return float(trainer.federation_state.history[-1]["global/test_acc"])
 
 
-def run_matrix(args: argparse.Namespace, root: str) -> tuple[dict[tuple[str, float, str], list[float]], list[str]]:
-    """Every cell's accuracies (one per seed), keyed by (rule name, fraction, attack); and the skip messages."""
+def run_matrix(
+    args: argparse.Namespace, root: str
+) -> tuple[dict[tuple[str, float, str], list[float]], list[str], list[LoadRecord]]:
+    """Every cell's accuracies (one per seed), keyed by (rule name, fraction, attack); the skip messages; and the
+    load around every run."""
     results: dict[tuple[str, float, str], list[float]] = {}
     skipped: list[str] = []
+    loads: list[LoadRecord] = []
     rules = []
     for spec in args.rules:
         path, kwargs = parse_rule(spec)
@@ -170,15 +179,18 @@ def run_matrix(args: argparse.Namespace, root: str) -> tuple[dict[tuple[str, flo
                         skipped.append(message)
                         print(message, flush=True)
                         break
-                    started = time.perf_counter()
-                    accuracy = run_one(args, datamodule, aggregator, fraction, attack, seed, root)
+                    with LoadRecorder(args.threads or os.cpu_count() or 1, args.wait_quiet) as load:
+                        started = time.perf_counter()
+                        accuracy = run_one(args, datamodule, aggregator, fraction, attack, seed, root)
+                        seconds = time.perf_counter() - started
+                    loads.append(load.record)
                     results.setdefault((rule.__name__, fraction, attack), []).append(accuracy)
                     print(
                         f"{rule.__name__} fraction={fraction} attack={attack} seed={seed}: accuracy {accuracy:.4f}"
-                        f" ({time.perf_counter() - started:.1f} s)",
+                        f" ({seconds:.1f}{mark(load.record)} s)",
                         flush=True,
                     )
-    return results, skipped
+    return results, skipped, loads
 
 
 def markdown_table(
@@ -213,6 +225,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", choices=("2nn", "lenet5"), default="2nn")
     parser.add_argument("--data-dir", default=os.environ.get("LIGHTNING_FED_DATA", "data"))
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
+    add_wait_quiet_argument(parser)
     return parser.parse_args(argv)
 
 
@@ -229,9 +242,9 @@ def main(argv: Sequence[str] | None = None) -> str:
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="lightning_fed_robustness_") as root:
-        results, _ = run_matrix(args, root)
+        results, _, loads = run_matrix(args, root)
     table = markdown_table(results, sorted(set(args.fractions)), args.attacks)
-    print(f"\n{table}\n\nTotal time: {time.perf_counter() - started:.0f} s", flush=True)
+    print(f"\n{table}\n\n{footnote(loads)}\nTotal time: {time.perf_counter() - started:.0f} s", flush=True)
     return table
 
 

@@ -29,6 +29,9 @@ over repeats of the per-repeat ratios (a_i / b_i, c_i / b_i), which pairs runs t
 the measure; the CPU time of the process (``time.process_time``, all its threads) is reported in a second table
 because it leaves out the time the process waited for a core on a shared machine (it still varies with cache and
 core sharing).
+Every timed run records the 1-minute load average before and after it (``benchmarks/load.py``); each table ends
+with the load line, and a figure built from a run at a load above the CPU count is marked ``*`` (unreliable).
+``--wait-quiet SECONDS`` waits up to that long for the load to fall before each timed run.
 
 Threads: ``--threads 1`` by default. With torch's default (one thread per core) on a 2-core machine that other
 processes also use, OpenMP's spinning worker threads wait for descheduled peers and a LeNet-5 step took 80-260 ms
@@ -82,6 +85,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lightning.pytorch as pl
 
+from benchmarks.load import LoadRecord, LoadRecorder, add_wait_quiet_argument, footnote, mark
 from lightning_fed import FederatedTrainer
 from lightning_fed.datamodules import FashionMNISTFederated
 from lightning_fed.datamodules.partitioners import IidPartitioner, Partitioner
@@ -295,7 +299,7 @@ def make_datamodule(args: argparse.Namespace, batch_size: int) -> FashionMNISTFe
     return dm
 
 
-def measure(args: argparse.Namespace, batch_size: int, root: str) -> dict[str, object]:
+def measure(args: argparse.Namespace, batch_size: int, root: str) -> dict[str, Any]:
     dm = make_datamodule(args, batch_size)
     rounds = args.rounds
     with quiet():  # warm-up: lazy imports, first-call allocations
@@ -303,24 +307,33 @@ def measure(args: argparse.Namespace, batch_size: int, root: str) -> dict[str, o
         run_plain(dm, 1, args.seed, root)
         run_trainer_per_client(dm, 1, args.seed, root)
     per_round: dict[str, list[np.ndarray]] = {"a": [], "b": [], "c": []}  # (wall, cpu) per repeat
+    loads: dict[str, list[LoadRecord]] = {"a": [], "b": [], "c": []}  # around every timed run of each way
     finals: dict[str, StateDict] = {}
+    cores = args.threads or os.cpu_count() or 1
     for repeat in range(args.repeats):
         with quiet():
-            t1, _ = run_lightning_fed(dm, 1, args.seed, root)
-            tr, finals["a"] = run_lightning_fed(dm, rounds, args.seed, root)
+            with LoadRecorder(cores, args.wait_quiet) as load:
+                t1, _ = run_lightning_fed(dm, 1, args.seed, root)
+                tr, finals["a"] = run_lightning_fed(dm, rounds, args.seed, root)
             per_round["a"].append((tr - t1) / (rounds - 1))
-            times, finals["b"] = run_plain(dm, rounds, args.seed, root)
+            loads["a"].append(load.record)
+            with LoadRecorder(cores, args.wait_quiet) as load:
+                times, finals["b"] = run_plain(dm, rounds, args.seed, root)
             per_round["b"].append((sum(times) - times[0]) / (rounds - 1))
-            times, finals["c"] = run_trainer_per_client(dm, rounds, args.seed, root)
+            loads["b"].append(load.record)
+            with LoadRecorder(cores, args.wait_quiet) as load:
+                times, finals["c"] = run_trainer_per_client(dm, rounds, args.seed, root)
             per_round["c"].append((sum(times) - times[0]) / (rounds - 1))
+            loads["c"].append(load.record)
         print(
             f"  batch {batch_size} repeat {repeat + 1}/{args.repeats}, wall (cpu) s/round: "
-            + ", ".join(f"{k}={v[-1][0]:.3f} ({v[-1][1]:.3f})" for k, v in per_round.items()),
+            + ", ".join(f"{k}={v[-1][0]:.3f}{mark(loads[k][-1])} ({v[-1][1]:.3f})" for k, v in per_round.items()),
             flush=True,
         )
     steps = sum(math.ceil(dm.client_num_samples(c) / batch_size) for c in range(dm.num_clients))
-    summary: dict[str, object] = {
+    summary: dict[str, Any] = {
         "steps": steps,
+        "loads": loads,
         "diff_ab": max_abs_diff(finals["a"], finals["b"]),
         "diff_cb": max_abs_diff(finals["c"], finals["b"]),
     }
@@ -341,7 +354,7 @@ def profile(args: argparse.Namespace, batch_size: int, root: str) -> None:
     with quiet():
         run_lightning_fed(dm, 1, args.seed, root)  # warm-up
     profiler = cProfile.Profile()
-    with quiet():
+    with quiet(), LoadRecorder(args.threads or os.cpu_count() or 1, args.wait_quiet) as load:
         profiler.enable()
         run_lightning_fed(dm, args.rounds, args.seed, root)
         profiler.disable()
@@ -372,6 +385,7 @@ def profile(args: argparse.Namespace, batch_size: int, root: str) -> None:
     start, finish = get("trainer.py", "start_federation"), get("trainer.py", "finish_round")
     width = 40
     print(f"\ncProfile of lightning_fed, batch {batch_size}, {args.rounds} rounds (the profiler inflates Python code):")
+    print(f"  {footnote([load.record])}")
     print(f"  {'FederatedTrainer.fit':{width}s} {fit:8.3f} s")
     print(f"  {'round loop (_RoundLoop.run, all rounds)':{width}s} {loop:8.3f} s")
     print(f"    {'start_federation (once; partition plot)':{width - 2}s} {start:8.3f} s")
@@ -432,8 +446,11 @@ def scaling_worker(args: argparse.Namespace) -> None:
         Path(args.scaling_worker).write_text(json.dumps({"round_ends": clock.ends}))
 
 
-def run_processes(args: argparse.Namespace, batch_size: int, processes: int, out: str) -> tuple[float, StateDict]:
-    """Per-round wall time (T_R - T_1) / (R - 1) of a ``processes``-process fit, and its final global weights."""
+def run_processes(
+    args: argparse.Namespace, batch_size: int, processes: int, out: str
+) -> tuple[float, StateDict, LoadRecord]:
+    """Per-round wall time (T_R - T_1) / (R - 1) of a ``processes``-process fit, its final global weights and the
+    load around it."""
     import json
     import subprocess
 
@@ -460,27 +477,33 @@ def run_processes(args: argparse.Namespace, batch_size: int, processes: int, out
         str(args.threads),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or os.cpu_count())}
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    with LoadRecorder(processes * (args.threads or os.cpu_count() or 1), args.wait_quiet) as load:
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{processes}-process run failed:\n{done.stderr[-3000:]}")
     ends = json.loads(Path(out).read_text())["round_ends"]
-    return (ends[-1] - ends[0]) / (len(ends) - 1), torch.load(out + ".pt", weights_only=True)
+    return (ends[-1] - ends[0]) / (len(ends) - 1), torch.load(out + ".pt", weights_only=True), load.record
 
 
 def measure_scaling(args: argparse.Namespace, root: str) -> None:
     """1 process against ``--processes`` processes, interleaved per repeat; prints medians and the speed-up."""
     counts = (1, args.processes)
     results: dict[int, dict[int, list[float]]] = {bs: {n: [] for n in counts} for bs in args.batch_sizes}
+    loads: dict[int, dict[int, list[LoadRecord]]] = {bs: {n: [] for n in counts} for bs in args.batch_sizes}
     finals: dict[tuple[int, int], StateDict] = {}
     for repeat in range(args.repeats):
         for batch_size in args.batch_sizes:
             for n in counts:
                 out = os.path.join(root, f"scaling_{batch_size}_{n}_{repeat}.json")
-                per_round, finals[batch_size, n] = run_processes(args, batch_size, n, out)
+                per_round, finals[batch_size, n], load = run_processes(args, batch_size, n, out)
                 results[batch_size][n].append(per_round)
+                loads[batch_size][n].append(load)
             print(
                 f"  repeat {repeat + 1}/{args.repeats}, batch {batch_size}: "
-                + ", ".join(f"{n} process(es) {results[batch_size][n][-1]:.3f} s/round" for n in counts),
+                + ", ".join(
+                    f"{n} process(es) {results[batch_size][n][-1]:.3f}{mark(loads[batch_size][n][-1])} s/round"
+                    for n in counts
+                ),
                 flush=True,
             )
     print(
@@ -494,12 +517,19 @@ def measure_scaling(args: argparse.Namespace, root: str) -> None:
     for batch_size, by_count in results.items():
         speedup = statistics.median(a / b for a, b in zip(by_count[1], by_count[args.processes]))
         diff = max_abs_diff(finals[batch_size, 1], finals[batch_size, args.processes])
+        marks = {n: mark(loads[batch_size][n]) for n in counts}
         print(
-            f"| {batch_size} | {statistics.median(by_count[1]):.3f}"
-            f" | {statistics.median(by_count[args.processes]):.3f} |"
-            f" {speedup:.2f}x | {diff:.1e} |"
+            f"| {batch_size} | {statistics.median(by_count[1]):.3f}{marks[1]}"
+            f" | {statistics.median(by_count[args.processes]):.3f}{marks[args.processes]} |"
+            f" {speedup:.2f}x{mark(loads[batch_size][1] + loads[batch_size][args.processes])} | {diff:.1e} |"
         )
+    print(footnote([load for by_count in loads.values() for records in by_count.values() for load in records]))
     print(f"\nGoal: >= 1.5x with {args.processes} processes at batch size 10.")
+
+
+def mark_of(*marks: str) -> str:
+    """A ratio's mark: unreliable when either figure it divides is."""
+    return max(marks)
 
 
 def main() -> None:
@@ -524,6 +554,7 @@ def main() -> None:
     )
     parser.add_argument("--processes", type=int, default=2, help="processes for --scaling (default 2)")
     parser.add_argument("--scaling-worker", default=None, help=argparse.SUPPRESS)
+    add_wait_quiet_argument(parser)
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be >= 2 (the per-round time is (T_R - T_1) / (R - 1)).")
@@ -577,10 +608,14 @@ def main() -> None:
             med, ratio_a, ratio_c = res["median"], res["ratio_a"], res["ratio_c"]
             goal = GOALS.get(bs)
             verdict = "" if goal is None else f"<= {goal:.2f}x: {'met' if ratio_a <= goal else 'NOT met'}"
+            a, b, c = (mark(result["loads"][way]) for way in "abc")
             print(
-                f"| {bs} | {result['steps']} | {med['b']:.3f} | {med['a']:.3f} | {ratio_a:.3f}x | {med['c']:.3f} |"
-                f" {ratio_c:.2f}x | {verdict} |"
+                f"| {bs} | {result['steps']} | {med['b']:.3f}{b} | {med['a']:.3f}{a} | {ratio_a:.3f}x{mark_of(a, b)} |"
+                f" {med['c']:.3f}{c} | {ratio_c:.2f}x{mark_of(c, b)} | {verdict} |"
             )
+        print(
+            "\n" + footnote([load for result in results.values() for way in result["loads"].values() for load in way])
+        )
     print("\nGoals: lightning_fed <= 1.10x plain at batch size 32, <= 1.25x at batch size 10.")
     print(f"Work per round: {args.clients} clients x {data}; identical for all three ways.")
     for bs, result in results.items():

@@ -1,4 +1,4 @@
-"""Per-round time of the same FedAvg work in Flower's simulation engine and in lightning_fed, side by side.
+"""Per-round time of the same FedAvg work in Flower's simulation engine (two of its APIs) and in lightning_fed.
 
 The work (``benchmarks/vs_flower_work.py``): LeNet-5 on Fashion-MNIST, SGD (lr 0.01, no momentum), one local
 epoch, the same batch size, the same clients per round, the same initial weights; every client trains the same
@@ -6,23 +6,31 @@ batches in the same order on both sides, read from one data file written here on
 cross-silo (10 clients x 6 000 images, all train every round) and cross-device (100 x 60, all train; 1 000 x 60,
 100 sampled per round).
 
+Flower is run written against two of its APIs, as users write it (``--flower-apis``, both by default): the message
+API (``ServerApp`` ``@app.main()`` with ``flwr.serverapp.strategy.FedAvg``, ``ClientApp`` ``@app.train()``;
+``benchmarks/flower_app.py``) and the older ``NumPyClient`` API (a ``flwr.client.NumPyClient`` from a ``client_fn``,
+``flwr.server.strategy.FedAvg`` from a ``server_fn``; ``benchmarks/flower_numpy_app.py``), which much existing Flower
+code still uses. Both run with ``run_simulation`` in the same simulation engine; only the API differs.
+
 Workers: 1 and 2. Flower: the Ray backend with ``num_cpus`` = workers and one CPU per client, so that many clients
-train at once (``benchmarks/flower_app.py``). lightning_fed: one process, or ``strategy="ddp"`` with that many CPU
-processes (gloo). One torch thread per process on both sides.
+train at once. lightning_fed: one process, or ``strategy="ddp"`` with that many CPU processes (gloo). One torch
+thread per process on every side.
 
 How it measures: every run is a fresh process; the end of every round is stamped (Flower: the strategy's
 ``evaluate_fn``, called right after aggregation; lightning_fed: ``on_train_epoch_end`` on rank 0), and the per-round
 time is (T_R - T_1) / (R - 1), which leaves out start-up and the first round (Ray's actors, imports, reading the
-data). The two sides alternate within each repeat (their order flips every repeat, so drift on a shared machine hits
-both alike); the table gives median s/round over repeats and the median of the per-repeat Flower / lightning_fed
-ratios. Where every client trains every round, both sides compute the same FedAvg, so the final global models are
-compared as a check (they differ by float32 versus float64 averaging only).
+data). The sides alternate within each repeat (their order rotates every repeat, so drift on a shared machine hits
+all alike); the table gives median s/round over repeats and the median of the per-repeat Flower / lightning_fed
+ratios, for each Flower API. Where every client trains every round, all sides compute the same FedAvg, so each
+Flower API's final global model is compared with lightning_fed's as a check (they differ by float32 versus float64
+averaging only).
 
 Flower is optional (the ``bench`` extra). Keep it out of the project's environment if you like and point
 ``--flower-python`` at another interpreter that has ``flwr[simulation]`` and can import torch and lightning_fed::
 
-    python benchmarks/vs_flower.py --rounds 4 --repeats 3
-    python benchmarks/vs_flower.py --cases cross-device-100 --workers 1 --repeats 1 --flower-python /path/to/python
+    python benchmarks/vs_flower.py --rounds 4 --repeats 3    # 3 cases x 1 and 2 workers x 3 sides
+    python benchmarks/vs_flower.py --cases cross-device-100 --workers 1 --repeats 1 --flower-apis numpyclient
+    python benchmarks/vs_flower.py --cases cross-device-100 --flower-python /path/to/python
     python benchmarks/vs_flower.py --dry-run            # the plan and the work per round, nothing run
 
 Without Flower the lightning_fed side still runs and the Flower columns read "skipped".
@@ -38,13 +46,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.load import LoadRecord, LoadRecorder, add_wait_quiet_argument, footnote, mark
 from benchmarks.vs_flower_work import (
     CASES,
     LEARNING_RATE,
@@ -65,6 +74,18 @@ FLOWER_MISSING = (
 )
 
 
+FLOWER_APIS = {
+    "message": ("flower_app.py", "Flower message API"),
+    "numpyclient": ("flower_numpy_app.py", "Flower NumPyClient"),
+}
+"""``--flower-apis`` choice: (the script of that side, in this folder; its name in the table)."""
+
+
+def flower_side(api: str) -> str:
+    """The side name of a Flower API in the plan and in file names: ``"flower-message"``."""
+    return f"flower-{api}"
+
+
 def flower_version(python: str) -> str | None:
     """``"flwr 1.42.0, ray 2.55.1"`` if ``python`` can import Flower's simulation engine, else ``None``."""
     probe = "import flwr, ray; print(f'flwr {flwr.__version__}, ray {ray.__version__}')"
@@ -74,44 +95,66 @@ def flower_version(python: str) -> str | None:
 
 @dataclass
 class Measurement:
-    """Per-repeat s/round of one case at one worker count; ``flower`` is ``None`` when Flower was skipped."""
+    """Per-repeat s/round of one case at one worker count.
+
+    ``flower`` maps each Flower API that ran to its per-repeat times; it is empty when Flower was skipped.
+    ``weight_diff`` maps an API to the largest difference between its final global model and lightning_fed's.
+    """
 
     case: Case
     workers: int
     lightning_fed: list[float]
-    flower: list[float] | None
-    weight_diff: float | None = None
+    flower: dict[str, list[float]] = field(default_factory=dict)
+    weight_diff: dict[str, float] = field(default_factory=dict)
+    lightning_fed_loads: list[LoadRecord] = field(default_factory=list)
+    flower_loads: dict[str, list[LoadRecord]] = field(default_factory=dict)
 
 
-def plan_runs(cases: list[str], workers: list[int], repeats: int, with_flower: bool) -> list[tuple[str, int, str]]:
-    """(case, workers, side) in run order: the sides alternate, their order flipping every repeat."""
+def plan_runs(cases: list[str], workers: list[int], repeats: int, flower_apis: list[str]) -> list[tuple[str, int, str]]:
+    """(case, workers, side) in run order: the sides alternate, their order rotating by one every repeat.
+
+    With lightning_fed and one Flower API the order flips every repeat; with two APIs, three repeats put every side
+    once first, once in the middle and once last. ``flower_apis`` is empty when Flower is skipped.
+    """
+    sides = ["lightning_fed"] + [flower_side(api) for api in flower_apis]
     runs = []
     for repeat in range(repeats):
-        sides = ["lightning_fed", "flower"] if with_flower else ["lightning_fed"]
+        shift = repeat % len(sides)
+        order = sides[shift:] + sides[:shift]
         for case in cases:
             for count in workers:
-                runs += [(case, count, side) for side in (sides if repeat % 2 == 0 else sides[::-1])]
+                runs += [(case, count, side) for side in order]
     return runs
 
 
-def format_table(measurements: list[Measurement], batch_size: int) -> str:
-    """Markdown: median s/round of each side and the median of the per-repeat Flower / lightning_fed ratios."""
-    lines = [
-        "| case | clients x images, per round | steps/round | workers | Flower (s/round) | lightning_fed (s/round)"
-        " | Flower / lightning_fed |",
-        "|:---|:---|---:|---:|---:|---:|---:|",
-    ]
+def format_table(measurements: list[Measurement], batch_size: int, flower_apis: list[str]) -> str:
+    """Markdown: median s/round of each side, and per Flower API the median of per-repeat API / lightning_fed ratios.
+
+    A column per API of ``flower_apis``; an API that did not run (Flower missing) reads "skipped".
+    """
+    names = [FLOWER_APIS[api][1] for api in flower_apis]
+    header = ["case", "clients x images, per round", "steps/round", "workers"]
+    header += [f"{name} (s/round)" for name in names] + ["lightning_fed (s/round)"]
+    header += [f"{name} / lightning_fed" for name in names]
+    lines = ["| " + " | ".join(header) + " |", "|:---|:---|" + "---:|" * (len(header) - 2)]
     for m in measurements:
-        ours = f"{statistics.median(m.lightning_fed):.3f}"
-        if m.flower is None:
-            flower, ratio = "skipped", "–"
-        else:
-            flower = f"{statistics.median(m.flower):.3f}"
-            ratio = f"**{statistics.median(f / o for f, o in zip(m.flower, m.lightning_fed)):.2f}×**"
-        lines.append(
-            f"| {m.case.name} | {m.case.label} | {m.case.steps_per_round(batch_size)} | {m.workers} | {flower} | {ours}"
-            f" | {ratio} |"
-        )
+        # A median taken from any run at a load above the cores is marked (benchmarks/load.py); no record, no mark.
+        ours_mark = mark(m.lightning_fed_loads) if m.lightning_fed_loads else ""
+        times, ratios = [], []
+        for api in flower_apis:
+            theirs = m.flower.get(api)
+            if theirs:
+                loads = m.flower_loads.get(api, [])
+                theirs_mark = mark(loads) if loads else ""
+                times.append(f"{statistics.median(theirs):.3f}{theirs_mark}")
+                ratio = statistics.median(f / o for f, o in zip(theirs, m.lightning_fed))
+                ratios.append(f"**{ratio:.2f}×**{max(ours_mark, theirs_mark)}")
+            else:
+                times.append("skipped")
+                ratios.append("–")
+        row = [m.case.name, m.case.label, str(m.case.steps_per_round(batch_size)), str(m.workers)]
+        row += times + [f"{statistics.median(m.lightning_fed):.3f}{ours_mark}"] + ratios
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -170,11 +213,14 @@ def write_data_files(cases: list[str], data_dir: str, seed: int, out_dir: Path) 
     return paths
 
 
-def launch(side: str, case: str, workers: int, data: Path, out: str, args: argparse.Namespace) -> float:
-    """Runs one side in a fresh process and returns its per-round time."""
+def launch(
+    side: str, case: str, workers: int, data: Path, out: str, args: argparse.Namespace
+) -> tuple[float, LoadRecord]:
+    """Runs one side in a fresh process and returns its per-round time and the load around the run."""
     here = Path(__file__).resolve().parent
-    if side == "flower":
-        command = [args.flower_python, str(here / "flower_app.py"), "--out", out, "--lr", str(LEARNING_RATE)]
+    if side.startswith("flower-"):
+        script = FLOWER_APIS[side.removeprefix("flower-")][0]
+        command = [args.flower_python, str(here / script), "--out", out, "--lr", str(LEARNING_RATE)]
     else:
         command = [sys.executable, str(here / "vs_flower.py"), "--lightning-fed-worker", out]
     command += ["--case", case, "--workers", str(workers), "--data", str(data), "--rounds", str(args.rounds)]
@@ -182,10 +228,11 @@ def launch(side: str, case: str, workers: int, data: Path, out: str, args: argpa
     pythonpath = os.pathsep.join(filter(None, [str(here.parent), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
     for attempt in (1, 2):
-        with open(out + ".log", "w") as log:
+        # One torch thread per worker process: the run keeps `workers` cores busy.
+        with open(out + ".log", "w") as log, LoadRecorder(workers, args.wait_quiet) as load:
             done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=args.run_timeout)
         if done.returncode == 0:
-            return per_round_time(json.loads(Path(out).read_text())["round_ends"])
+            return per_round_time(json.loads(Path(out).read_text())["round_ends"]), load.record
         tail = "\n".join(Path(out + ".log").read_text().splitlines()[-15:])
         # Ray's start-up can time out on an overloaded machine; one retry, reported, keeps a long run going.
         print(f"  {side} on {case} with {workers} worker(s) failed (attempt {attempt}); its output ends:\n{tail}")
@@ -197,25 +244,32 @@ def max_weight_diff(a: str, b: str) -> float:
     return max(float((first[k].double() - second[k].double()).abs().max()) for k in first)
 
 
-def measure(args: argparse.Namespace, flower: str | None, root: Path) -> list[Measurement]:
+def measure(args: argparse.Namespace, flower_apis: list[str], root: Path) -> list[Measurement]:
+    """Runs the plan; ``flower_apis`` is empty when Flower is skipped."""
     paths = write_data_files(args.cases, args.data_dir, args.seed, root)
     results = {
-        (case, count): Measurement(CASES[case], count, [], [] if flower else None)
+        (case, count): Measurement(CASES[case], count, [], {api: [] for api in flower_apis})
         for case in args.cases
         for count in args.workers
     }
-    for index, (case, count, side) in enumerate(plan_runs(args.cases, args.workers, args.repeats, flower is not None)):
-        seconds = launch(side, case, count, paths[case], str(root / f"{side}_{case}_{count}.json"), args)
+    for index, (case, count, side) in enumerate(plan_runs(args.cases, args.workers, args.repeats, flower_apis)):
+        seconds, load = launch(side, case, count, paths[case], str(root / f"{side}_{case}_{count}.json"), args)
         result = results[case, count]
-        times = result.flower if side == "flower" else result.lightning_fed
-        assert times is not None  # no Flower run is planned without Flower
+        times = result.flower[side.removeprefix("flower-")] if side != "lightning_fed" else result.lightning_fed
         times.append(seconds)
-        print(f"  run {index + 1}: {case}, {count} worker(s), {side}: {seconds:.3f} s/round", flush=True)
+        if side == "lightning_fed":
+            result.lightning_fed_loads.append(load)
+        else:
+            result.flower_loads.setdefault(side.removeprefix("flower-"), []).append(load)
+        print(f"  run {index + 1}: {case}, {count} worker(s), {side}: {seconds:.3f}{mark(load)} s/round", flush=True)
     for (case, count), result in results.items():
-        # Sampled clients differ between the two samplers; with every client training, the work is the same FedAvg.
-        if flower is not None and CASES[case].clients_per_round == CASES[case].num_clients:
-            finals = [str(root / f"{side}_{case}_{count}.json.pt") for side in ("flower", "lightning_fed")]
-            result.weight_diff = max_weight_diff(*finals)
+        # Sampled clients differ between the samplers; with every client training, the work is the same FedAvg.
+        if CASES[case].clients_per_round != CASES[case].num_clients:
+            continue
+        ours = str(root / f"lightning_fed_{case}_{count}.json.pt")
+        for api in flower_apis:
+            theirs = str(root / f"{flower_side(api)}_{case}_{count}.json.pt")
+            result.weight_diff[api] = max_weight_diff(theirs, ours)
     return list(results.values())
 
 
@@ -228,8 +282,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", default=os.environ.get("LIGHTNING_FED_DATA", "data"))
-    parser.add_argument("--flower-python", default=sys.executable, help="interpreter for the Flower side")
+    parser.add_argument(
+        "--flower-apis",
+        nargs="+",
+        choices=sorted(FLOWER_APIS),
+        default=list(FLOWER_APIS),
+        help="the Flower APIs to run, each a side of its own; default both",
+    )
+    parser.add_argument("--flower-python", default=sys.executable, help="interpreter for the Flower sides")
     parser.add_argument("--run-timeout", type=float, default=1800, help="seconds before one run is given up")
+    add_wait_quiet_argument(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the work per round only")
     parser.add_argument("--lightning-fed-worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
@@ -263,16 +325,19 @@ def main(argv: list[str] | None = None) -> None:
     flower = flower_version(args.flower_python)
     if flower is None:
         print(FLOWER_MISSING.format(python=args.flower_python), flush=True)
+    apis = list(dict.fromkeys(args.flower_apis))  # a repeated choice runs once
+    flower_apis = apis if flower is not None else []
+    flower_note = f"{flower} ({', '.join(apis)})" if flower else "Flower skipped"
     import lightning
 
     print(
         f"FedAvg, LeNet-5 on Fashion-MNIST, SGD lr={LEARNING_RATE}, batch {args.batch_size}, 1 local epoch; "
         f"{args.rounds} rounds per run, {args.repeats} repeats; torch {torch.__version__}, lightning "
-        f"{lightning.__version__}, {flower or 'Flower skipped'}; {os.cpu_count()} CPUs, load average "
+        f"{lightning.__version__}, {flower_note}; {os.cpu_count()} CPUs, load average "
         f"{os.getloadavg()[0]:.1f}",
         flush=True,
     )
-    runs = plan_runs(args.cases, args.workers, args.repeats, flower is not None)
+    runs = plan_runs(args.cases, args.workers, args.repeats, flower_apis)
     if args.dry_run:
         for case in args.cases:
             print(f"  {case}: {CASES[case].label}, {CASES[case].steps_per_round(args.batch_size)} steps per round")
@@ -280,13 +345,22 @@ def main(argv: list[str] | None = None) -> None:
         return
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vs_flower_") as root:
-        measurements = measure(args, flower, Path(root))
+        measurements = measure(args, flower_apis, Path(root))
     print(f"\nWall time per round, (T_R - T_1) / (R - 1), median of {args.repeats} repeats; ratio: median of the")
-    print("per-repeat ratios. Same work on both sides (same batches); one torch thread per process.\n")
-    print(format_table(measurements, args.batch_size))
+    print("per-repeat ratios. Same work on every side (same batches); one torch thread per process.\n")
+    print(format_table(measurements, args.batch_size, apis))
+    print(
+        footnote(
+            [load for m in measurements for load in m.lightning_fed_loads]
+            + [load for m in measurements for loads in m.flower_loads.values() for load in loads]
+        )
+    )
     for m in measurements:
-        if m.weight_diff is not None:
-            print(f"  {m.case.name}, {m.workers} worker(s): final global models differ by {m.weight_diff:.1e} at most")
+        for api, diff in m.weight_diff.items():
+            print(
+                f"  {m.case.name}, {m.workers} worker(s): {FLOWER_APIS[api][1]}'s final global model differs from "
+                f"lightning_fed's by {diff:.1e} at most"
+            )
     print(f"\nLoad average at the end {os.getloadavg()[0]:.1f}; total {time.perf_counter() - started:.0f} s")
 
 

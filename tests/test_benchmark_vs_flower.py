@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchmarks.vs_flower import (
+    FLOWER_APIS,
     Measurement,
     flower_version,
     format_table,
@@ -106,40 +107,97 @@ def test_lightning_fed_side_computes_the_flower_clients_fedavg(tiny_data: Path, 
         torch.testing.assert_close(ours[name], tensor, rtol=1e-5, atol=1e-6)
 
 
-def test_table_reports_medians_and_the_median_of_per_repeat_ratios():
-    flower, ours = [3.0, 5.0, 4.0], [1.0, 2.0, 1.0]
+def _cells(row: str) -> list[str]:
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def test_table_reports_medians_and_the_median_of_per_repeat_ratios_per_flower_api():
+    message, numpy, ours = [3.0, 5.0, 4.0], [30.0, 44.0, 41.0], [1.0, 2.0, 1.0]
     table = format_table(
         [
-            Measurement(CASES["cross-device-100"], 2, ours, flower),
-            Measurement(CASES["cross-silo"], 1, [2.5, 2.0, 3.0], None),
+            Measurement(CASES["cross-device-100"], 2, ours, {"message": message, "numpyclient": numpy}),
+            Measurement(CASES["cross-silo"], 1, [2.5, 2.0, 3.0]),
         ],
         batch_size=32,
+        flower_apis=["message", "numpyclient"],
     )
     rows = table.splitlines()
     assert len(rows) == 4 and rows[0].startswith("| case |") and set(rows[1]) <= set("|:-")
-    cells = [cell.strip() for cell in rows[2].strip("|").split("|")]
-    per_repeat_ratio = statistics.median(f / o for f, o in zip(flower, ours))  # 3.0, not the 4.0 of the medians
-    assert cells == [
+    assert _cells(rows[0])[4:] == [
+        "Flower message API (s/round)",
+        "Flower NumPyClient (s/round)",
+        "lightning_fed (s/round)",
+        "Flower message API / lightning_fed",
+        "Flower NumPyClient / lightning_fed",
+    ]
+    assert rows[1].count("|") == rows[0].count("|")
+    per_repeat = statistics.median(f / o for f, o in zip(message, ours))  # 3.0, not the 4.0 of the medians
+    assert _cells(rows[2]) == [
         "cross-device-100",
         "100 x 60, 100/round",
         "200",
         "2",
-        f"{statistics.median(flower):.3f}",
+        f"{statistics.median(message):.3f}",
+        f"{statistics.median(numpy):.3f}",
         f"{statistics.median(ours):.3f}",
-        f"**{per_repeat_ratio:.2f}×**",
+        f"**{per_repeat:.2f}×**",
+        f"**{statistics.median(f / o for f, o in zip(numpy, ours)):.2f}×**",
     ]
-    skipped = [cell.strip() for cell in rows[3].strip("|").split("|")]
-    assert skipped[4] == "skipped" and skipped[5] == "2.500" and skipped[6] == "–"
+    skipped = _cells(rows[3])
+    assert skipped[4:] == ["skipped", "skipped", "2.500", "–", "–"]
+
+
+def test_table_has_columns_only_for_the_apis_asked_for():
+    table = format_table([Measurement(CASES["cross-silo"], 1, [2.0], {"numpyclient": [8.0]})], 32, ["numpyclient"])
+    header, _, row = table.splitlines()
+    assert "message" not in header and _cells(row)[4:] == ["8.000", "2.000", "**4.00×**"]
 
 
 def test_plan_alternates_the_sides_and_leaves_flower_out_when_missing():
-    runs = plan_runs(["cross-silo", "cross-device-100"], [1, 2], repeats=2, with_flower=True)
+    runs = plan_runs(["cross-silo", "cross-device-100"], [1, 2], repeats=2, flower_apis=["message"])
     assert len(runs) == 2 * 2 * 2 * 2
-    assert runs[:2] == [("cross-silo", 1, "lightning_fed"), ("cross-silo", 1, "flower")]
-    assert runs[8:10] == [("cross-silo", 1, "flower"), ("cross-silo", 1, "lightning_fed")]
+    assert runs[:2] == [("cross-silo", 1, "lightning_fed"), ("cross-silo", 1, "flower-message")]
+    assert runs[8:10] == [("cross-silo", 1, "flower-message"), ("cross-silo", 1, "lightning_fed")]
     assert all(runs.count(run) == 2 for run in runs)
-    alone = plan_runs(["cross-silo"], [1, 2], repeats=3, with_flower=False)
+    alone = plan_runs(["cross-silo"], [1, 2], repeats=3, flower_apis=[])
     assert alone == [("cross-silo", 1, "lightning_fed"), ("cross-silo", 2, "lightning_fed")] * 3
+
+
+def test_plan_rotates_three_sides_so_each_takes_every_place_once_in_three_repeats():
+    runs = plan_runs(["cross-device-100"], [1], repeats=3, flower_apis=["message", "numpyclient"])
+    orders = [[side for _, _, side in runs[r * 3 : r * 3 + 3]] for r in range(3)]
+    for place in range(3):
+        assert sorted(order[place] for order in orders) == ["flower-message", "flower-numpyclient", "lightning_fed"]
+
+
+def test_every_flower_api_has_a_script_beside_the_driver():
+    here = Path(__file__).resolve().parents[1] / "benchmarks"
+    assert sorted(FLOWER_APIS) == ["message", "numpyclient"]
+    for script, _ in FLOWER_APIS.values():
+        assert (here / script).is_file()
+
+
+def test_numpyclient_weights_round_trip_in_state_dict_order():
+    """The NumPyClient side's arrays map back onto LeNet-5 key by key (what its final-model check relies on)."""
+    from benchmarks.flower_numpy_app import get_weights, set_weights
+
+    source, target = make_model(1), make_model(2)
+    set_weights(target, get_weights(source))
+    for (name, theirs), (other, ours) in zip(source.state_dict().items(), target.state_dict().items()):
+        assert name == other and torch.equal(theirs, ours)
+
+
+def test_dry_run_plans_both_flower_apis_by_default(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    # Flower is never imported here: the probe is replaced, and a dry run starts nothing.
+    monkeypatch.setattr("benchmarks.vs_flower.flower_version", lambda python: "flwr 9.9, ray 8.8")
+    main(["--dry-run", "--cases", "cross-device-100", "--workers", "1", "--repeats", "1"])
+    printed = capsys.readouterr().out
+    assert "flwr 9.9, ray 8.8 (message, numpyclient)" in printed
+    assert "3 runs: cross-device-100/1/lightning_fed, cross-device-100/1/flower-message, " in printed
+    main(
+        ["--dry-run", "--cases", "cross-device-100", "--workers", "1", "--repeats", "1", "--flower-apis", "numpyclient"]
+    )
+    assert "2 runs: cross-device-100/1/lightning_fed, cross-device-100/1/flower-numpyclient" in capsys.readouterr().out
 
 
 def _shadow(tmp_path: Path, flwr_source: str, ray_source: str) -> Path:

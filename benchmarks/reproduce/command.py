@@ -128,7 +128,8 @@ def _print_progress(total: int) -> Callable[[RunResult], None]:
         done.append(result)
         reason = "" if result.ok else f": {(result.error or '').splitlines()[0]}"
         print(
-            f"[reproduce] ({len(done)}/{total}) {result.name} {result.status} in {result.wall_s:.0f} s{reason}",
+            f"[reproduce] ({len(done)}/{total}) {result.name} {result.status}"
+            f" in {result.wall_s:.0f}{result.wall_mark} s{reason}",
             flush=True,
         )
 

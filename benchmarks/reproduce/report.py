@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from benchmarks.load import footnote
 from benchmarks.reproduce import figures, measures
 from benchmarks.reproduce.claims import CLIENT_DISTRIBUTIONS, GLOBAL_ACC, Claim, zhao_beta_points, zhao_emd_points
 from benchmarks.reproduce.measures import MissingMetricError, Summary
@@ -178,10 +179,13 @@ def _markdown(
         "| run | status | wall time | command |",
         "|---|---|---|---|",
         *(
-            f"| {r.name} | {'ok' if r.ok else '**FAILED**'} | {r.wall_s:.0f} s | `{_cell(r.command)}` |"
+            f"| {r.name} | {'ok' if r.ok else '**FAILED**'} | {r.wall_s:.0f} s{r.wall_mark} | `{_cell(r.command)}` |"
             for r in results
         ),
     ]
+    loads = [record for record in (r.load_record for r in results) if record is not None]
+    if loads:
+        lines += ["", *footnote(loads).splitlines()]
     if failed:
         lines += ["", "## Failed runs", ""]
         for result in failed:
@@ -240,6 +244,7 @@ def write_report(
                 "seed": r.seed,
                 "status": r.status,
                 "wall_s": r.wall_s,
+                "load": r.load,
                 "error": r.error,
             }
             for r in results

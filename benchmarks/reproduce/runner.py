@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.load import LoadRecord, LoadRecorder, mark
 from benchmarks.reproduce.experiments import Experiment
 
 OK, FAILED = "ok", "failed"
@@ -39,6 +40,8 @@ class RunResult:
     error: str | None = None
     experiment: str = ""
     seed: int | None = None
+    load: dict[str, Any] | None = None
+    """The load around the run (:meth:`benchmarks.load.LoadRecord.to_dict`); ``None`` in older ``status.json``."""
 
     def __post_init__(self) -> None:
         self.experiment = self.experiment or self.name
@@ -46,6 +49,17 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return self.status == OK
+
+    @property
+    def load_record(self) -> LoadRecord | None:
+        """The load around the run, ``None`` where it was not recorded (a ``status.json`` from before)."""
+        return None if self.load is None else LoadRecord.from_dict(self.load)
+
+    @property
+    def wall_mark(self) -> str:
+        """``*`` after the wall time when the run was timed at a load above the cores (``benchmarks/load.py``)."""
+        record = self.load_record
+        return "" if record is None else mark(record)
 
     def summary(self) -> dict[str, Any]:
         return json.loads((Path(self.run_dir) / "summary.json").read_text())
@@ -172,23 +186,34 @@ def run_one(
     (run_dir / "summary.json").unlink(missing_ok=True)
     args = fit_args(experiment, profile, run_dir, root, wandb, extra)
     command = shown_command(args, root)
-    start = time.perf_counter()
-    missing = experiment.missing_configs(root)
-    if missing:
-        error: str | None = f"config not found: {', '.join(missing)}"
-    elif in_process:
-        error = _run_in_process(args, run_dir / "run.log")
-    else:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "WANDB_SILENT": "true"}
-        error = _run_subprocess(args, run_dir / "run.log", root, env, timeout_s)
+    # The run's own cores are its threads; the other workers running beside it count as the load of others.
+    with LoadRecorder(threads) as load:
+        start = time.perf_counter()
+        missing = experiment.missing_configs(root)
+        if missing:
+            error: str | None = f"config not found: {', '.join(missing)}"
+        elif in_process:
+            error = _run_in_process(args, run_dir / "run.log")
+        else:
+            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+            env["WANDB_SILENT"] = "true"
+            error = _run_subprocess(args, run_dir / "run.log", root, env, timeout_s)
+        wall_s = time.perf_counter() - start
     error = error or _check_summary(run_dir)
     if error and not missing:
         tail = _log_tail(run_dir / "run.log")
         error = f"{error}\n{tail}" if tail else error
     status = FAILED if error else OK
-    wall_s = time.perf_counter() - start
     result = RunResult(
-        experiment.run_name, status, str(run_dir), wall_s, command, error, experiment.name, experiment.seed
+        experiment.run_name,
+        status,
+        str(run_dir),
+        wall_s,
+        command,
+        error,
+        experiment.name,
+        experiment.seed,
+        load.record.to_dict(),
     )
     (run_dir / "status.json").write_text(json.dumps(asdict(result), indent=2))
     return result
