@@ -38,9 +38,9 @@ from lightning_fed.functional.state_dict import copy_state_
 from lightning_fed.run.setup_checks import check_federation_setup
 from lightning_fed.trainer import FederatedTrainer
 
-#: Builds a site's fresh ``(module, datamodule, trainer settings)``; the settings are ``FederatedTrainer``'s
-#: arguments (aggregator, callbacks, local_epochs, ...), as in the server's configuration.
-SiteBuilder = Callable[[], tuple[LightningModule, LightningDataModule, dict[str, Any]]]
+#: Builds a site's fresh ``(module, datamodule, trainer)`` from the deployment's configuration (with the site's data);
+#: :func:`lightning_fed.deploy.config.site_builder` reads them from the app's ``config.yaml``.
+SiteBuilder = Callable[[], tuple[LightningModule, LightningDataModule, "SiteTrainer"]]
 
 # What a site never does: it logs, checkpoints and evaluates nothing (the server does), and it runs one round.
 _SITE_SETTINGS: dict[str, Any] = {
@@ -61,25 +61,30 @@ class SiteTrainer(FederatedTrainer):
     It keeps everything the client half needs from a Lightning fit (the module attached, ``configure_optimizers``,
     the strategy's device and precision, ``self.log``), and writes no run directory, log or checkpoint.
 
+    Set :attr:`task` (and :attr:`client_state`, the client's committed state) before ``fit``.
+
     Args:
-        task: The round to run.
         kwargs: ``FederatedTrainer``'s arguments, from the server's configuration; the site's own settings
             (no logger, no checkpoints, one round) replace the ones that concern the run's reporting.
     """
 
-    def __init__(self, task: RoundTask, **kwargs: Any) -> None:
-        super().__init__(**{**kwargs, **_SITE_SETTINGS, "seed": task.seed})
-        self.task = task
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.update(_SITE_SETTINGS)
+        super().__init__(**kwargs)
+        self.task: RoundTask | None = None
         self.reply: SiteReply | None = None
         self.client_state: dict[str, Any] = {}
 
     @override
     def fit(self, model: LightningModule, *args: Any, datamodule: LightningDataModule | None = None, **kw: Any) -> None:
-        """Runs the task (Lightning's fit without the run directory, lock and checkpoint resolution)."""
+        """Runs :attr:`task` (Lightning's fit without the run directory, lock and checkpoint resolution)."""
+        if self.task is None:
+            raise RuntimeError("A SiteTrainer runs a RoundTask: set `trainer.task` before `fit`.")
         Trainer.fit(self, model, datamodule=datamodule)
 
     @override
     def start_federation(self) -> None:
+        assert self.task is not None
         check_federation_setup(self, self.lightning_module)
         self.federation_state.seed = self.task.seed
         self.sampler.seed = self.task.seed
@@ -98,6 +103,7 @@ class _SiteRound(RoundRunner):
     @override
     def run(self, round_idx: int) -> None:  # type: ignore[override]
         trainer, task = self.trainer, self.trainer.task
+        assert task is not None
         load_broadcast(trainer, task.broadcast)
         _load_schedulers(trainer, task.schedulers)
         copy_state_(self.live, task.global_params)
@@ -139,8 +145,8 @@ class ClientSite:
     """One organisation's site: answers round tasks for its clients with the client half, keeping their state on disk.
 
     Args:
-        build: Builds a fresh ``(module, datamodule, trainer settings)`` from the deployment's configuration (with
-            this site's data).
+        build: Builds a fresh ``(module, datamodule, trainer)`` from the deployment's configuration (with this
+            site's data).
         state_dir: Where the clients' state versions live (:class:`~lightning_fed.deploy.site_store.SiteStateStore`).
 
     Example::
@@ -156,9 +162,9 @@ class ClientSite:
     def handle(self, task: RoundTask) -> SiteReply:
         """Trains ``task.client_id`` in ``task.round_idx`` and returns the reply; writes the client's new state
         version (pending until the server commits the round)."""
-        module, datamodule, settings = self.build()
+        module, datamodule, trainer = self.build()
         store = SiteStateStore(self.state_dir, task.client_id)
-        trainer = SiteTrainer(task, **settings)
+        trainer.task = task
         trainer.client_state = store.load(task.committed_round)
         trainer.fit(module, datamodule=datamodule)
         if trainer.reply is None:

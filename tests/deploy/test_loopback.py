@@ -12,7 +12,7 @@ from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
 
 from lightning_fed.aggregators import FedAvg, QFedAvg
 from lightning_fed.callbacks import FedCurv, FedProx, Scaffold
-from lightning_fed.deploy import ClientSite, LoopbackTransport, RemoteClients, RoundTask, serve
+from lightning_fed.deploy import ClientSite, LoopbackTransport, RemoteClients, RoundTask, SiteTrainer, serve
 from lightning_fed.deploy.site_store import SiteStateStore
 
 NUM_CLIENTS = 4
@@ -51,10 +51,10 @@ def _simulated(tmp_path: Any, algorithm: str) -> dict[str, torch.Tensor]:
 
 
 def _sites(tmp_path: Any, algorithm: str) -> dict[int, ClientSite]:
-    def build() -> tuple[Any, Any, dict[str, Any]]:
+    def build() -> tuple[Any, Any, SiteTrainer]:
         settings = _settings(algorithm)
-        settings.update(default_root_dir=str(tmp_path / "site"), accelerator="cpu", devices=1)
-        return BoringClassifier(lr=0.1, batch_norm=True), make_datamodule(NUM_CLIENTS), settings
+        trainer = SiteTrainer(default_root_dir=str(tmp_path / "site"), accelerator="cpu", devices=1, **settings)
+        return BoringClassifier(lr=0.1, batch_norm=True), make_datamodule(NUM_CLIENTS), trainer
 
     return {cid: ClientSite(build, tmp_path / "site-state") for cid in range(NUM_CLIENTS)}
 
