@@ -29,6 +29,7 @@ def build_from_config(
     for config in configs:
         args += ["--config", str(config)]
     cli = FederatedCLI(args=args, run=False, trainer_class=trainer_class, **cli_kwargs)
+    assert isinstance(cli.trainer, FederatedTrainer)
     return cli.model, cli.datamodule, cli.trainer
 
 
