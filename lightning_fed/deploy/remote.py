@@ -62,11 +62,13 @@ class RemoteClients:
         tasks = [self._task(round_ctx, client_id) for client_id in client_ids]
         replies = self.transport.exchange(tasks)
         objects = algorithm_objects(self.trainer)
-        share = ClientShare()
+        dropped: list[int] = []
+        share = ClientShare(dropped=dropped)
         for client_id in client_ids:
             reply = replies.get(client_id)
             if reply is None:
                 round_ctx.rejected.append(client_id)
+                dropped.append(client_id)
                 self.trainer.print(
                     f"[lightning_fed] Client {client_id} did not reply in round {round_ctx.round_idx}: it was left"
                     " out of the aggregate."

@@ -123,6 +123,8 @@ class ServerHalf:
         store.take_changes()
         copy_state_(self.live, new_params)
         metrics = self._round_metrics(round_ctx, ordered_metrics)
+        if share.dropped is not None:
+            metrics["clients/dropped"] = float(len(share.dropped))
         # The aggregator's own measurements of the round (q-FedAvg's mean loss at the global model).
         metrics.update(trainer.aggregator.round_metrics())
         eval_metrics, client_results, client_prefix = self.evaluator.run(round_ctx.round_idx, round_ctx.client_ids)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
 
+from lightning_fed import FedCallback
 from lightning_fed.aggregators import FedAvg, QFedAvg
 from lightning_fed.callbacks import FedCurv, FedProx, Scaffold
 from lightning_fed.deploy import ClientSite, LoopbackTransport, RemoteClients, RoundTask, SiteTrainer, serve
@@ -122,3 +123,46 @@ def test_the_server_holds_no_client_state(tmp_path):
     serve(trainer, module, make_datamodule(NUM_CLIENTS), LoopbackTransport(_sites(tmp_path, "scaffold+fedcurv")))
     assert trainer.federation_state.store.namespaces() == []
     assert isinstance(trainer.fed_runner.clients, RemoteClients)
+
+
+class _PoisonClient(FedCallback):
+    """Makes one client's training diverge (NaN loss), so that simulation rejects its update."""
+
+    def __init__(self, client_id: int) -> None:
+        self.client_id = client_id
+
+    def on_client_start(self, trainer: Any, pl_module: Any, client_ctx: Any) -> None:
+        pl_module.poison = client_ctx.client_id == self.client_id
+
+    def on_client_end(self, trainer: Any, pl_module: Any, client_ctx: Any, update: Any) -> None:
+        pl_module.poison = False
+
+
+def test_a_site_that_never_answers_is_dropped_like_a_rejected_client(tmp_path):
+    silent = 2
+    module = _module()
+    settings = _settings("fedprox")
+    settings["callbacks"].append(_PoisonClient(silent))
+    reference = fast_trainer(tmp_path / "sim", **settings)
+    reference.fit(module, datamodule=make_datamodule(NUM_CLIENTS))
+    simulated = module.state_dict()
+
+    sites = _sites(tmp_path, "fedprox")
+    del sites[silent]
+    module = _module()
+    trainer = fast_trainer(tmp_path / "server", **_settings("fedprox"))
+    serve(trainer, module, make_datamodule(NUM_CLIENTS), LoopbackTransport(sites))
+    for name, value in simulated.items():
+        torch.testing.assert_close(module.state_dict()[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    history = trainer.federation_state.history
+    sampled_silent = [silent in round_ids for round_ids in _sampled_rounds(reference)]
+    assert any(sampled_silent), "the silent client was never sampled: the test would prove nothing"
+    assert [m["clients/dropped"] for m in history] == [float(s) for s in sampled_silent]
+    assert [m["clients/rejected"] for m in history] == [
+        m["clients/rejected"] for m in reference.federation_state.history
+    ]
+    assert all("clients/dropped" not in m for m in reference.federation_state.history)
+
+
+def _sampled_rounds(trainer: Any) -> list[list[int]]:
+    return [trainer.sampler.sample(r, NUM_CLIENTS) for r in range(trainer.num_rounds)]
