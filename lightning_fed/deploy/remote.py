@@ -87,6 +87,38 @@ class RemoteClients:
         share.steps = self.steps.round_steps
         return share
 
+    def evaluate(self, round_idx: int, client_ids: list[int]) -> tuple[dict[int, dict[str, float]], bool]:
+        """Asks each client's site to evaluate the new global model (or the client's personalised model) on the
+        client's test split; returns the results of the clients that have one, in ``client_ids`` order, and whether
+        any model was personalised. A site that does not answer is left out of the round's client statistics."""
+        trainer = self.trainer
+        global_params = {name: value.detach().clone() for name, value in self.module.state_dict().items()}
+        broadcast_state = broadcast(trainer)
+        tasks = [
+            RoundTask(
+                round_idx=round_idx,
+                client_id=client_id,
+                client_ids=list(client_ids),
+                num_samples={},
+                seed=trainer.federation_state.seed,
+                global_params=global_params,
+                broadcast=broadcast_state,
+                committed_round=trainer.federation_state.completed_rounds - 1,
+                run_id=str(getattr(trainer, "fed_run_id", None) or ""),
+                evaluate=True,
+            )
+            for client_id in client_ids
+        ]
+        replies = self.transport.exchange(tasks)
+        results: dict[int, dict[str, float]] = {}
+        personalised = False
+        for client_id in client_ids:
+            reply = replies.get(client_id)
+            if reply is not None and reply.eval_metrics is not None:
+                results[client_id] = reply.eval_metrics
+                personalised |= reply.personalised
+        return results, personalised
+
     def _task(self, round_ctx: RoundContext, client_id: int) -> RoundTask:
         trainer = self.trainer
         state = trainer.federation_state

@@ -21,19 +21,12 @@ def check_server(trainer: FederatedTrainer) -> None:
     """Refuses, in one line each, the server settings a deployment cannot run.
 
     Raises:
-        ValueError: With several server processes, per-client evaluation (it would need the sites' data at the
-            server) or an algorithm whose server reads the clients' stored state.
+        ValueError: With several server processes, or an algorithm whose server reads the clients' stored state.
     """
     if trainer.world_size > 1:
         raise ValueError(
             f"A deployment's server runs in one process (the sites train the clients); got {trainer.world_size}"
             " processes: drop `strategy`/`devices`/`num_nodes` from the server's trainer settings."
-        )
-    if trainer.client_eval != "none":
-        raise ValueError(
-            f"client_eval={trainer.client_eval!r}: per-client evaluation needs each client's test split, which stays"
-            " at its site; set `trainer.client_eval: none` for a deployment (the global model is still evaluated on"
-            " the server's test data)."
         )
     check_deployable(trainer)
 

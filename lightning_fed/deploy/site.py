@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from typing_extensions import override
 
@@ -111,11 +112,13 @@ class _SiteRound(RoundRunner):
         for namespace, value in trainer.client_state.items():
             store.put(namespace, task.client_id, value)
         store.take_changes()
+        if task.evaluate:
+            trainer.reply = self._evaluate(task)
+            trainer.client_state = self._client_state(task.client_id)
+            return
         round_ctx = self.server.start_round(task.round_idx, task.client_ids, task.num_samples)
         share = self.client.run(round_ctx, [task.client_id])
-        trainer.client_state = {
-            ns: store.get(ns, task.client_id) for ns in store.namespaces() if store.has(ns, task.client_id)
-        }
+        trainer.client_state = self._client_state(task.client_id)
         trainer.reply = SiteReply(
             round_idx=task.round_idx,
             client_id=task.client_id,
@@ -126,7 +129,36 @@ class _SiteRound(RoundRunner):
             bytes_up=share.bytes_up,
             bytes_down=share.bytes_down,
         )
-        return
+
+    def _evaluate(self, task: RoundTask) -> SiteReply:
+        results, personalised = self.server.evaluator.evaluate_share(task.round_idx, [task.client_id])
+        return SiteReply(
+            round_idx=task.round_idx,
+            client_id=task.client_id,
+            round_state={},
+            train_metrics={},
+            rejected=False,
+            steps=0,
+            bytes_up=0,
+            bytes_down=0,
+            eval_metrics=results.get(task.client_id),
+            personalised=personalised,
+        )
+
+    def _client_state(self, client_id: int) -> dict[str, Any]:
+        store = self.trainer.federation_state.store
+        return {ns: store.get(ns, client_id) for ns in store.namespaces() if store.has(ns, client_id)}
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    """Whether two client states hold the same values (an evaluation that wrote nothing leaves no new version)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b))
+    return bool(a == b)
 
 
 def _load_schedulers(trainer: Trainer, schedulers: list[Any]) -> None:
@@ -165,13 +197,17 @@ class ClientSite:
         module, datamodule, trainer = self.build()
         store = SiteStateStore(self.state_dir, task.client_id)
         trainer.task = task
-        trainer.client_state = store.load(task.committed_round)
+        # Training starts from the committed state; an evaluation after round r reads round r's pending version.
+        before = store.latest(task.round_idx) if task.evaluate else store.load(task.committed_round)
+        trainer.client_state = before
         trainer.fit(module, datamodule=datamodule)
         if trainer.reply is None:
             raise RuntimeError(
                 f"The site's fit ended without running round {task.round_idx} of client {task.client_id}."
             )
-        if not trainer.reply.rejected:
+        if trainer.reply.rejected or not (trainer.client_state or store.versions()):
+            return trainer.reply
+        if not task.evaluate or not _same_state(trainer.client_state, before):
             store.save(task.round_idx, trainer.client_state)
         return trainer.reply
 

@@ -64,12 +64,20 @@ class SiteStateStore:
         for round_idx in rounds:
             if round_idx > committed_round or (kept and round_idx < kept[-1]):
                 self._path(round_idx).unlink(missing_ok=True)
-        if not kept:
-            return {}
-        state = torch.load(self._path(kept[-1]), map_location="cpu", weights_only=True)
+        return self._read(kept[-1]) if kept else {}
+
+    def _read(self, round_idx: int) -> dict[str, Any]:
+        path = self._path(round_idx)
+        state = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(state, dict):
-            raise ValueError(f"{self._path(kept[-1])} is not a client state: delete it to start the client afresh.")
+            raise ValueError(f"{path} is not a client state: delete it to start the client afresh.")
         return state
+
+    def latest(self, round_idx: int) -> dict[str, Any]:
+        """The newest version written at or before ``round_idx``, committed or pending, deleting nothing: what an
+        evaluation after round ``round_idx`` reads (its own round's training is pending until the checkpoint)."""
+        kept = [r for r in self.versions() if r <= round_idx]
+        return self._read(kept[-1]) if kept else {}
 
     def save(self, round_idx: int, state: dict[str, Any]) -> Path:
         """Writes the state round ``round_idx`` leaves the client in, as a pending version (atomically)."""

@@ -43,6 +43,8 @@ class RoundTask:
         committed_round: The newest round whose server checkpoint is written (``-1``: none); the site promotes its
             versions up to it and drops newer ones (the server resumed from before them).
         run_id: The server's run id, for the site's logs.
+        evaluate: Evaluate instead of training: the global model after the round's aggregation (or the client's
+            personalised model, as the callbacks' ``on_client_evaluate_start`` decide) on the client's test split.
         version: :data:`WIRE_VERSION` of the sender.
     """
 
@@ -56,6 +58,7 @@ class RoundTask:
     schedulers: list[Any] = field(default_factory=list)
     committed_round: int = -1
     run_id: str = ""
+    evaluate: bool = False
     version: int = WIRE_VERSION
 
 
@@ -72,6 +75,9 @@ class SiteReply:
         steps: Optimizer steps the client took.
         bytes_up: Client-to-server bytes the algorithms counted for the client.
         bytes_down: Server-to-client bytes the algorithms counted for the client.
+        eval_metrics: An evaluation task's results on the client's test split; ``None`` when the client has none
+            (or the task trained).
+        personalised: Whether the evaluated model was the client's personalised one.
         version: :data:`WIRE_VERSION` of the sender.
     """
 
@@ -83,6 +89,8 @@ class SiteReply:
     steps: int
     bytes_up: int
     bytes_down: int
+    eval_metrics: dict[str, float] | None = None
+    personalised: bool = False
     version: int = WIRE_VERSION
 
 

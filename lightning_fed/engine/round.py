@@ -22,7 +22,7 @@ from lightning_fed.context import ClientContext, ClientShare, FederationState, R
 from lightning_fed.engine.batched.training import ClientGroups
 from lightning_fed.engine.client_half import Boundary, ClientHalf
 from lightning_fed.engine.dispatch import HookDispatcher
-from lightning_fed.engine.evaluator import RoundEvaluator
+from lightning_fed.engine.evaluator import ClientEvaluation, RoundEvaluator
 from lightning_fed.engine.local_training import LocalTrainer
 from lightning_fed.engine.seeding import derive_seed, seed_torch
 from lightning_fed.engine.server_half import ServerHalf
@@ -84,6 +84,9 @@ class RoundRunner:
         self.clients: ClientSide = (
             self.client if client_side is None else client_side(trainer, module, steps, self.hooks)
         )
+        if isinstance(self.clients, ClientEvaluation):
+            # Clients trained elsewhere are evaluated there too: their test splits stay with them.
+            evaluator.remote = self.clients
         self._plain = LocalTrainer(trainer, module, mode="plain")
         if distributed.is_distributed():
             distributed.destroy_process_group_at_exit()

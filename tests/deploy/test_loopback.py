@@ -12,7 +12,7 @@ from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
 
 from lightning_fed import FedCallback
 from lightning_fed.aggregators import FedAvg, QFedAvg
-from lightning_fed.callbacks import FedCurv, FedProx, Scaffold
+from lightning_fed.callbacks import APFL, FedCurv, FedProx, Scaffold
 from lightning_fed.deploy import ClientSite, LoopbackTransport, RemoteClients, RoundTask, SiteTrainer, serve
 from lightning_fed.deploy.site_store import SiteStateStore
 
@@ -24,17 +24,18 @@ ALGORITHMS: dict[str, Callable[[], tuple[Any, list[Any]]]] = {
     "fedprox": lambda: (FedAvg(), [FedProx(mu=0.1)]),
     "scaffold+fedcurv": lambda: (FedAvg(weighting="uniform"), [Scaffold(), FedCurv(lam=0.1)]),
     "qfedavg": lambda: (QFedAvg(q=1.0, lipschitz=10.0), []),
+    "apfl": lambda: (FedAvg(), [APFL(alpha=0.25)]),
 }
 
 
-def _settings(algorithm: str) -> dict[str, Any]:
+def _settings(algorithm: str, client_eval: str = "none") -> dict[str, Any]:
     aggregator, callbacks = ALGORITHMS[algorithm]()
     return dict(
         num_rounds=3,
         clients_per_round=3,
         aggregator=aggregator,
         callbacks=callbacks,
-        client_eval="none",
+        client_eval=client_eval,
         eval_every_n_rounds=0,
         seed=0,
     )
@@ -166,3 +167,27 @@ def test_a_site_that_never_answers_is_dropped_like_a_rejected_client(tmp_path):
 
 def _sampled_rounds(trainer: Any) -> list[list[int]]:
     return [trainer.sampler.sample(r, NUM_CLIENTS) for r in range(trainer.num_rounds)]
+
+
+@pytest.mark.parametrize(("algorithm", "client_eval"), [("fedavg", "all"), ("apfl", "sampled")])
+def test_clients_are_evaluated_at_their_sites_as_in_simulation(tmp_path, algorithm, client_eval):
+    module = _module()
+    reference = fast_trainer(tmp_path / "sim", **_settings(algorithm, client_eval))
+    reference.fit(module, datamodule=make_datamodule(NUM_CLIENTS))
+
+    def build() -> tuple[Any, Any, SiteTrainer]:
+        trainer = SiteTrainer(default_root_dir=str(tmp_path / "site"), **_settings(algorithm, client_eval))
+        return BoringClassifier(lr=0.1, batch_norm=True), make_datamodule(NUM_CLIENTS), trainer
+
+    sites = {cid: ClientSite(build, tmp_path / "site-state") for cid in range(NUM_CLIENTS)}
+    module = _module()
+    trainer = fast_trainer(tmp_path / "server", **_settings(algorithm, client_eval))
+    serve(trainer, module, make_datamodule(NUM_CLIENTS), LoopbackTransport(sites))
+    prefix = "personal/" if algorithm == "apfl" else "client/"
+    expected = [{k: v for k, v in m.items() if k.startswith(prefix)} for m in reference.federation_state.history]
+    got = [{k: v for k, v in m.items() if k.startswith(prefix)} for m in trainer.federation_state.history]
+    assert all(expected), f"simulation logged no {prefix}* metrics: the comparison would be empty"
+    assert [sorted(m) for m in got] == [sorted(m) for m in expected]
+    for round_got, round_expected in zip(got, expected):
+        for key, value in round_expected.items():
+            assert round_got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
