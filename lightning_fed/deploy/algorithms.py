@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning.pytorch import LightningModule
+
 from lightning_fed.hooks import FederatedTrainerView
 from lightning_fed.parallel.reduction import CrossProcessState
+from lightning_fed.run.fingerprint import Fingerprint, differences, experiment_fingerprint, format_differences
+from lightning_fed.trainer import FederatedTrainer
 
 
 def algorithm_objects(trainer: FederatedTrainerView) -> dict[str, CrossProcessState]:
@@ -51,6 +55,34 @@ def load_broadcast(trainer: FederatedTrainerView, states: dict[str, dict[str, An
         obj.load_state_dict(full)
 
 
+def algorithm_fingerprint(
+    trainer: FederatedTrainer, model: LightningModule, fingerprint: Fingerprint | None = None
+) -> dict[str, Any]:
+    """What a site must share with the server: the experiment fingerprint (model, aggregator, callbacks, training
+    settings) without the data settings, which are each site's own, and the seed, which the task carries."""
+    full = fingerprint if fingerprint is not None else experiment_fingerprint(trainer, model, None)
+    return {
+        key: value
+        for key, value in full.items()
+        if key != "data" and not key.startswith("data.") and key != "trainer.seed"
+    }
+
+
+def check_same_configuration(server: dict[str, Any], site: dict[str, Any]) -> None:
+    """Refuses a task from a server whose configuration differs from the site's, naming every difference.
+
+    Raises:
+        ValueError: If a key differs.
+    """
+    diff = differences(server, site)
+    if diff:
+        raise ValueError(
+            "This site was built from another configuration than the server's (server -> site):\n"
+            f"{format_differences(diff)}\nStart the site from the app's config.yaml; only the `data` section may"
+            " differ (the site's `data-config`)."
+        )
+
+
 def check_deployable(trainer: FederatedTrainerView) -> None:
     """Refuses, in one line, an algorithm whose server reads the clients' own stored state.
 
@@ -69,4 +101,11 @@ def check_deployable(trainer: FederatedTrainerView) -> None:
             )
 
 
-__all__ = ["algorithm_objects", "broadcast", "check_deployable", "load_broadcast"]
+__all__ = [
+    "algorithm_fingerprint",
+    "algorithm_objects",
+    "broadcast",
+    "check_deployable",
+    "check_same_configuration",
+    "load_broadcast",
+]

@@ -11,12 +11,12 @@ as one process would: the same ``compute``, ``on_aggregate``, evaluation, loggin
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import LightningModule
 
 from lightning_fed.context import ClientShare, RoundContext
-from lightning_fed.deploy.algorithms import algorithm_objects, broadcast
+from lightning_fed.deploy.algorithms import algorithm_fingerprint, algorithm_objects, broadcast
 from lightning_fed.deploy.transport import Transport
 from lightning_fed.deploy.wire import RoundTask
 from lightning_fed.engine.dispatch import HookDispatcher
@@ -51,6 +51,7 @@ class RemoteClients:
         self.trainer = trainer
         self.module = module
         self.steps = steps
+        self._configuration: dict[str, Any] | None = None
 
     def run(self, round_ctx: RoundContext, client_ids: list[int]) -> ClientShare:
         """Sends the round's tasks, folds the replies in round order and returns the round's share.
@@ -105,6 +106,7 @@ class RemoteClients:
                 broadcast=broadcast_state,
                 committed_round=trainer.federation_state.completed_rounds - 1,
                 run_id=str(getattr(trainer, "fed_run_id", None) or ""),
+                fingerprint=self._fingerprint(),
                 evaluate=True,
             )
             for client_id in client_ids
@@ -118,6 +120,12 @@ class RemoteClients:
                 results[client_id] = reply.eval_metrics
                 personalised |= reply.personalised
         return results, personalised
+
+    def _fingerprint(self) -> dict[str, Any]:
+        if self._configuration is None:
+            trainer: Any = self.trainer
+            self._configuration = algorithm_fingerprint(trainer, self.module, getattr(trainer, "fed_fingerprint", None))
+        return self._configuration
 
     def _task(self, round_ctx: RoundContext, client_id: int) -> RoundTask:
         trainer = self.trainer
@@ -134,6 +142,7 @@ class RemoteClients:
             # The server checkpoints every round before the next one starts (the deployment's ModelCheckpoint).
             committed_round=state.completed_rounds - 1,
             run_id=str(getattr(trainer, "fed_run_id", None) or ""),
+            fingerprint=self._fingerprint(),
         )
 
 

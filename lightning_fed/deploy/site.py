@@ -29,7 +29,12 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_fed.client_store import ClientStateStore
-from lightning_fed.deploy.algorithms import algorithm_objects, load_broadcast
+from lightning_fed.deploy.algorithms import (
+    algorithm_fingerprint,
+    algorithm_objects,
+    check_same_configuration,
+    load_broadcast,
+)
 from lightning_fed.deploy.site_store import SiteStateStore
 from lightning_fed.deploy.wire import RoundTask, SiteReply, decode, encode
 from lightning_fed.engine.client_half import Boundary
@@ -195,6 +200,8 @@ class ClientSite:
         """Trains ``task.client_id`` in ``task.round_idx`` and returns the reply; writes the client's new state
         version (pending until the server commits the round)."""
         module, datamodule, trainer = self.build()
+        if task.fingerprint:
+            check_same_configuration(task.fingerprint, algorithm_fingerprint(trainer, module))
         store = SiteStateStore(self.state_dir, task.client_id)
         trainer.task = task
         # Training starts from the committed state; an evaluation after round r reads round r's pending version.

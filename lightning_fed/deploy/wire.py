@@ -43,6 +43,9 @@ class RoundTask:
         committed_round: The newest round whose server checkpoint is written (``-1``: none); the site promotes its
             versions up to it and drops newer ones (the server resumed from before them).
         run_id: The server's run id, for the site's logs.
+        fingerprint: The server's experiment fingerprint without its data settings and seed
+            (:func:`~lightning_fed.deploy.algorithms.algorithm_fingerprint`); a site built from another
+            configuration refuses the task.
         evaluate: Evaluate instead of training: the global model after the round's aggregation (or the client's
             personalised model, as the callbacks' ``on_client_evaluate_start`` decide) on the client's test split.
         version: :data:`WIRE_VERSION` of the sender.
@@ -58,6 +61,7 @@ class RoundTask:
     schedulers: list[Any] = field(default_factory=list)
     committed_round: int = -1
     run_id: str = ""
+    fingerprint: dict[str, Any] = field(default_factory=dict)
     evaluate: bool = False
     version: int = WIRE_VERSION
 

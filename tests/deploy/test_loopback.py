@@ -191,3 +191,16 @@ def test_clients_are_evaluated_at_their_sites_as_in_simulation(tmp_path, algorit
     for round_got, round_expected in zip(got, expected):
         for key, value in round_expected.items():
             assert round_got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def test_a_site_built_from_another_configuration_refuses_the_task_naming_the_difference(tmp_path):
+    def build() -> tuple[Any, Any, SiteTrainer]:
+        trainer = SiteTrainer(default_root_dir=str(tmp_path / "site"), **_settings("fedprox"))
+        return BoringClassifier(lr=0.05, batch_norm=True), make_datamodule(NUM_CLIENTS), trainer
+
+    sites = {cid: ClientSite(build, tmp_path / "site-state") for cid in range(NUM_CLIENTS)}
+    trainer = fast_trainer(tmp_path / "server", **_settings("fedprox"))
+    with pytest.raises(ValueError, match=r"(?s)another configuration.*model\.lr: 0\.1 -> 0\.05"):
+        serve(trainer, _module(), make_datamodule(NUM_CLIENTS), LoopbackTransport(sites))
+    # Nothing of the refused round reached a site's disk.
+    assert not (tmp_path / "site-state").exists()
