@@ -155,6 +155,9 @@ class ClientShare:
         steps: Optimizer steps its clients took.
         bytes_up: Client-to-server bytes its clients sent.
         bytes_down: Server-to-client bytes its clients received.
+        dropped: The clients whose site did not answer in time (a deployment's; also in ``rejected``), in round
+            order; ``None`` where clients cannot drop out (in one process or DDP), and then no ``clients/dropped``
+            metric is logged.
     """
 
     train_metrics: dict[int, dict[str, float]] = field(default_factory=dict)
@@ -162,6 +165,7 @@ class ClientShare:
     steps: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
+    dropped: list[int] | None = None
 
 
 @dataclass

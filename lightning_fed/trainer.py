@@ -15,12 +15,13 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_fed.aggregators import Aggregator, FedAvg
 from lightning_fed.context import FederationState, RoundResult
+from lightning_fed.engine.client_half import Boundary
 from lightning_fed.engine.evaluation import add_validation_and_bmta
 from lightning_fed.engine.loop import install_round_loop
 from lightning_fed.engine.rejection import warn_if_many_rejected
-from lightning_fed.engine.round import RoundRunner
+from lightning_fed.engine.round import ClientSideFactory, RoundRunner
 from lightning_fed.engine.sampling import UniformClientSampler
-from lightning_fed.engine.step_counter import client_step_counts, run_steps
+from lightning_fed.engine.step_counter import StepCounter, client_step_counts, run_steps
 from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.parallel import distributed
 from lightning_fed.parallel.distributed import check_world_size
@@ -173,6 +174,8 @@ class FederatedTrainer(Trainer):
         self.run_dir = run_dir
         self.resume_allow_changes = check_allowed_changes(resume_allow_changes)
         self.federation_state = FederationState()
+        # Where the rounds' clients train: here (None), or at a deployment's client sites (lightning_fed.deploy).
+        self.client_side: ClientSideFactory | None = None
         kwargs["callbacks"] = default_callbacks(kwargs)
         # Checkpoint callbacks given no directory: each fit points them at its own run directory.
         self.session = RunSession(run_checkpoints=checkpoints_without_dir(kwargs["callbacks"]))
@@ -387,6 +390,10 @@ class FederatedTrainer(Trainer):
     def restore_federated_checkpoint(self, state_dict: dict[str, Any]) -> None:
         """Restores what :meth:`federated_checkpoint` saved; a checkpoint of another configuration is refused."""
         restore_federated_checkpoint(self, state_dict)
+
+    def build_round_runner(self, steps: StepCounter, boundary: Boundary) -> RoundRunner:
+        """The runner of this fit's rounds; the round loop builds it once, after any restore."""
+        return RoundRunner(self, self.lightning_module, steps, boundary, client_side=self.client_side)
 
     def start_federation(self) -> None:
         """Prepares the rounds of a fit; the round loop calls it before its first round in this process.

@@ -89,6 +89,7 @@ class FedAMP(ParameterPenalty, PersonalizedCallback):
     # Every client's w_i reaches the server (merged): no secure aggregation.
     round_state_is_sum = False
     broadcast_keys = ()
+    server_reads_client_store = True  # on_round_start reads every client's stored state
 
     namespace_name = "fedamp"
     sigma_may_be_zero: ClassVar[bool] = False

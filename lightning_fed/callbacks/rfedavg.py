@@ -87,6 +87,7 @@ class RFedAvg(FeatureLossTerm):
     # Every client's delta_i reaches the server (merged): no secure aggregation as written.
     round_state_is_sum = False
     broadcast_keys = ()
+    server_reads_client_store = True  # on_round_start reads every client's stored state
 
     # Each client's feature mean δ reaches the server, outside DP-FedAvg's noise (its own dp_std noise aside).
     sends_client_data_to_server = True

@@ -126,7 +126,7 @@ class FederatedCLI(LightningCLI):
             LightningModule,
             FederatedDataModule,
             *args,
-            trainer_class=FederatedTrainer,
+            trainer_class=kwargs.pop("trainer_class", FederatedTrainer),
             subclass_mode_model=True,
             subclass_mode_data=True,
             **kwargs,

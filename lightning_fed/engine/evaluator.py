@@ -4,7 +4,7 @@ split, and the headline figures shown while a run trains."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from lightning.pytorch import LightningModule
 
@@ -25,6 +25,15 @@ CLIENT_PREFIX = "client/"
 PERSONAL_PREFIX = "personal/"
 
 Dispatch = Callable[..., Any]
+
+
+@runtime_checkable
+class ClientEvaluation(Protocol):
+    """Evaluates clients somewhere else (a deployment's sites, which hold their test splits)."""
+
+    def evaluate(self, round_idx: int, client_ids: list[int]) -> tuple[dict[int, dict[str, float]], bool]:
+        """Each client's results (clients without a test split left out) and whether any model was personalised."""
+        ...
 
 
 class RoundEvaluator:
@@ -52,6 +61,8 @@ class RoundEvaluator:
         self.buffer = buffer
         self.dispatch = dispatch
         self._test_loader: Any = None
+        # Where the clients are evaluated when not here (a deployment's sites); set by the round runner.
+        self.remote: ClientEvaluation | None = None
 
     def run(self, round_idx: int, sampled: list[int]) -> tuple[dict[str, float], dict[int, dict[str, float]], str]:
         """Evaluates what is due after round ``round_idx``.
@@ -85,14 +96,17 @@ class RoundEvaluator:
         With several processes each rank evaluates every ``world_size``-th client and the results are gathered, so
         every rank returns all of them, in ``client_ids`` order.
         """
+        if self.remote is not None:
+            return self.remote.evaluate(round_idx, client_ids)
         own = client_ids[distributed.rank() :: distributed.world_size()]
-        results, any_personalised = self._evaluate_share(round_idx, own)
+        results, any_personalised = self.evaluate_share(round_idx, own)
         gathered = gather_client_results(results, any_personalised, client_ids)
         # Personalisation hooks may have written the store (e.g. a fine-tuned model): every rank needs it.
         sync_store(self.trainer.federation_state.store)
         return gathered
 
-    def _evaluate_share(self, round_idx: int, client_ids: list[int]) -> tuple[dict[int, dict[str, float]], bool]:
+    def evaluate_share(self, round_idx: int, client_ids: list[int]) -> tuple[dict[int, dict[str, float]], bool]:
+        """Evaluates ``client_ids`` in this process (a client site evaluates its own client this way)."""
         datamodule = self.trainer.datamodule
         store = self.trainer.federation_state.store
         global_params: StateDict | None = None
@@ -132,4 +146,4 @@ def headline(metrics: dict[str, float]) -> dict[str, float]:
     return shown
 
 
-__all__ = ["CLIENT_PREFIX", "PERSONAL_PREFIX", "RoundEvaluator", "headline"]
+__all__ = ["CLIENT_PREFIX", "PERSONAL_PREFIX", "ClientEvaluation", "RoundEvaluator", "headline"]

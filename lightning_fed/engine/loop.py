@@ -22,6 +22,7 @@ from lightning.pytorch.loops.fetchers import _DataFetcher
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from typing_extensions import override
 
+from lightning_fed.engine.client_half import Boundary
 from lightning_fed.engine.round import RoundRunner
 from lightning_fed.engine.step_counter import StepCounter
 from lightning_fed.hooks import FederatedTrainerView
@@ -51,6 +52,11 @@ class RoundHost(FederatedTrainerView, Protocol):
 
     def restore_federated_checkpoint(self, state_dict: dict[str, Any]) -> None:
         """Restores what :meth:`federated_checkpoint` saved."""
+        ...
+
+    def build_round_runner(self, steps: StepCounter, boundary: Boundary) -> RoundRunner:
+        """The runner of this fit's rounds, built once, after any restore, with the fit's step counter and the
+        client-boundary check (SIGTERM)."""
         ...
 
 
@@ -117,7 +123,7 @@ class _RoundLoop(_TrainingEpochLoop):
         if self.runner is None:
             trainer.start_federation()
             steps = StepCounter(self._count_step)
-            self.runner = RoundRunner(trainer, trainer.lightning_module, steps, self.sigterm.at_boundary)
+            self.runner = trainer.build_round_runner(steps, self.sigterm.at_boundary)
         self.sigterm.install(self.trainer)
         round_idx = trainer.current_epoch
         # A checkpoint saved in `on_validation_end` is taken after the round finished but before Lightning counted

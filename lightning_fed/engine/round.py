@@ -13,15 +13,16 @@ batched groups all compose the same two halves.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lightning.pytorch import LightningModule
 
-from lightning_fed.context import ClientContext, FederationState, RoundResult
+from lightning_fed.context import ClientContext, ClientShare, FederationState, RoundContext, RoundResult
 from lightning_fed.engine.batched.training import ClientGroups
 from lightning_fed.engine.client_half import Boundary, ClientHalf
 from lightning_fed.engine.dispatch import HookDispatcher
-from lightning_fed.engine.evaluator import RoundEvaluator
+from lightning_fed.engine.evaluator import ClientEvaluation, RoundEvaluator
 from lightning_fed.engine.local_training import LocalTrainer
 from lightning_fed.engine.seeding import derive_seed, seed_torch
 from lightning_fed.engine.server_half import ServerHalf
@@ -31,6 +32,20 @@ from lightning_fed.parallel import distributed
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView
+
+
+class ClientSide(Protocol):
+    """Where a round's clients train: :class:`~lightning_fed.engine.client_half.ClientHalf` in this process, or
+    client sites elsewhere (:class:`lightning_fed.deploy.RemoteClients`), which fold what the sites return into the
+    server's declared round state so that the server half closes the round as if the clients had trained here."""
+
+    def run(self, round_ctx: RoundContext, client_ids: list[int]) -> ClientShare:
+        """Trains ``client_ids`` of ``round_ctx`` and returns their share (see ``ClientHalf.run``)."""
+        ...
+
+
+#: Builds the client side of a fit's rounds from the trainer, its module, the step counter and the hook dispatcher.
+ClientSideFactory = Callable[["FederatedTrainerView", LightningModule, StepCounter, HookDispatcher], ClientSide]
 
 
 class RoundRunner:
@@ -47,6 +62,8 @@ class RoundRunner:
         steps: Counts the clients' optimizer steps (``global_step``).
         boundary: Asked at every client boundary whether to stop the round (see
             :class:`~lightning_fed.engine.client_half.ClientHalf`); ``None`` never stops.
+        client_side: Builds where the round's clients train instead of this process's client half (a deployment's
+            client sites); ``None`` trains them here.
     """
 
     def __init__(
@@ -55,6 +72,7 @@ class RoundRunner:
         module: LightningModule,
         steps: StepCounter,
         boundary: Boundary | None = None,
+        client_side: ClientSideFactory | None = None,
     ) -> None:
         self.trainer = trainer
         self.module = module
@@ -63,6 +81,12 @@ class RoundRunner:
         self.client = ClientHalf(trainer, module, self.live, steps, self.hooks, boundary)
         evaluator = RoundEvaluator(trainer, module, self.live, self.client.local.buffer, self.hooks.call)
         self.server = ServerHalf(trainer, module, self.live, steps, self.hooks, evaluator)
+        self.clients: ClientSide = (
+            self.client if client_side is None else client_side(trainer, module, steps, self.hooks)
+        )
+        if isinstance(self.clients, ClientEvaluation):
+            # Clients trained elsewhere are evaluated there too: their test splits stay with them.
+            evaluator.remote = self.clients
         self._plain = LocalTrainer(trainer, module, mode="plain")
         if distributed.is_distributed():
             distributed.destroy_process_group_at_exit()
@@ -92,7 +116,7 @@ class RoundRunner:
         started = time.perf_counter()
         round_ctx = self.server.open_round(round_idx)
         shares = distributed.shard_clients(round_ctx.client_ids, round_ctx.num_samples, distributed.world_size())
-        share = self.client.run(round_ctx, shares[distributed.rank()])
+        share = self.clients.run(round_ctx, shares[distributed.rank()])
         return self.server.close_round(round_ctx, share, started)
 
     def train_locally(
@@ -129,4 +153,4 @@ class RoundRunner:
             self.module.train(was_training)
 
 
-__all__ = ["RoundRunner"]
+__all__ = ["ClientSide", "ClientSideFactory", "RoundRunner"]

@@ -65,14 +65,29 @@ class ServerHalf:
         The returned context holds a snapshot of the global model: every client of the round starts from it.
         """
         trainer, dm = self.trainer, self.trainer.datamodule
-        state = trainer.federation_state
         client_ids = trainer.sampler.sample(round_idx, dm.num_clients)
+        return self.start_round(round_idx, client_ids, {cid: dm.client_num_samples(cid) for cid in client_ids})
+
+    def start_round(self, round_idx: int, client_ids: list[int], num_samples: dict[int, int]) -> RoundContext:
+        """Opens round ``round_idx`` with clients already sampled: runs ``on_round_start`` and resets the aggregator.
+
+        A client site of a deployment (:mod:`lightning_fed.deploy`) opens the round the server sampled this way, so
+        that its algorithms hold what the server's hold when the clients train (the broadcast state is loaded
+        first).
+
+        Args:
+            round_idx: The round.
+            client_ids: The round's clients, in round order.
+            num_samples: Each client's training-set size.
+        """
+        trainer = self.trainer
+        state = trainer.federation_state
         global_params = clone_state(self.live)
         round_ctx = RoundContext(
             round_idx=round_idx,
-            client_ids=client_ids,
+            client_ids=list(client_ids),
             global_params=global_params,
-            num_samples={cid: dm.client_num_samples(cid) for cid in client_ids},
+            num_samples=dict(num_samples),
             store=state.store,
             parameter_names=trainable_parameter_names(self.module),
         )
@@ -108,6 +123,8 @@ class ServerHalf:
         store.take_changes()
         copy_state_(self.live, new_params)
         metrics = self._round_metrics(round_ctx, ordered_metrics)
+        if share.dropped is not None:
+            metrics["clients/dropped"] = float(len(share.dropped))
         # The aggregator's own measurements of the round (q-FedAvg's mean loss at the global model).
         metrics.update(trainer.aggregator.round_metrics())
         eval_metrics, client_results, client_prefix = self.evaluator.run(round_ctx.round_idx, round_ctx.client_ids)

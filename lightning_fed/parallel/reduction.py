@@ -119,6 +119,16 @@ def _unflatten(value: Any, leaves: Any) -> Any:
     return round(total) if isinstance(value, numbers.Integral) else float(total)
 
 
+def _add(total: Any, value: Any) -> Any:
+    """``total + value`` entry by entry; tensors of ``total`` are updated in place."""
+    if isinstance(total, Tensor):
+        with torch.no_grad():
+            return total.add_(value.to(device=total.device, dtype=total.dtype))
+    if isinstance(total, Mapping):
+        return {key: _add(item, value[key]) for key, item in total.items()}
+    return total + value
+
+
 def _merge(parts: list[Mapping[Any, Any]], name: str) -> dict[Any, Any]:
     merged: dict[Any, Any] = {}
     for part in parts:
@@ -191,11 +201,15 @@ class CrossProcessState:
         round_state_is_sum: Whether every round state the algorithm declares is a ``reduce="sum"``, so that its
             round can run under secure aggregation, which reveals sums only. The aggregators' integer-buffer policy
             (``num_batches_tracked`` from the round's last client, sent in clear) is not counted.
+        server_reads_client_store: Whether the algorithm's server side reads clients' entries of the client store
+            (FedAMP's every ``w_i``, rFedAvg's every ``δ_i``): such state cannot stay at the client sites of a
+            deployment, which refuses the algorithm.
     """
 
     client_state_namespaces: ClassVar[tuple[str, ...]] = ()
     broadcast_keys: ClassVar[tuple[str, ...] | None] = None
     round_state_is_sum: ClassVar[bool] = True
+    server_reads_client_store: ClassVar[bool] = False
 
     def broadcast_state(self) -> dict[str, Any]:
         """What a client needs of this algorithm's server state each round: ``state_dict()`` limited to
@@ -257,6 +271,44 @@ class CrossProcessState:
         for name, value in reduced.items():
             setattr(self, name, value)
         self.__dict__["_round_state_reduced"] = True
+
+    def round_state(self) -> dict[str, Any]:
+        """This process's declared round state as it stands, unreduced: what a client site of a deployment sends to
+        the server (see :meth:`absorb_round_state`)."""
+        return {name: getattr(self, name) for name in self._declared_round_state()}
+
+    def absorb_round_state(self, values: Mapping[str, Any]) -> None:
+        """Folds another share's unreduced round state (its :meth:`round_state`) into this object's.
+
+        A deployment's server folds each client site's round state in, in round order, into the state its own
+        round opened at zero: a sum adds entry by entry (each share's value is ``0 + x``, exactly ``x``, so the
+        server adds the clients' contributions in the order one process would, to the bit), a merge takes the
+        union, a last keeps the higher position. Afterwards :meth:`reduce_round_state` in one process changes
+        nothing.
+
+        Raises:
+            ValueError: If ``values`` names other round state than this round declared, a sum's structure differs,
+                or a merge key is in both.
+        """
+        declared = self._declared_round_state()
+        if set(values) != set(declared):
+            raise ValueError(
+                f"{type(self).__name__} received round state {sorted(values)} but declared {sorted(declared)} this"
+                " round: the client site and the server must run the same algorithm configuration."
+            )
+        for name, spec in declared.items():
+            mine, theirs = getattr(self, name), values[name]
+            if spec.reduce == "sum":
+                if _structure(theirs, name) != spec.structure:
+                    raise ValueError(
+                        f"{type(self).__name__}'s summed round state `{name}` arrived with another structure (keys"
+                        " or shapes) than the server declared: the client site must run the same model."
+                    )
+                setattr(self, name, _add(mine, _in_order(theirs, spec.structure)))
+            elif spec.reduce == "merge":
+                setattr(self, name, _merge([mine, theirs], name))
+            else:
+                setattr(self, name, _last([mine, theirs]))
 
     def _declared_round_state(self) -> dict[str, _Declared]:
         # Created on first use: subclasses (Lightning callbacks among them) need not call this mixin's __init__.

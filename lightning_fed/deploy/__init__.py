@@ -1,0 +1,33 @@
+"""Running a federated fit across real sites: the server keeps lightning_fed's loop, each site runs the client half.
+
+* :mod:`~lightning_fed.deploy.wire`: the messages (a round's task down, the site's reply up) and their encoding.
+* :mod:`~lightning_fed.deploy.site`: a client site (builds the module from the configuration, trains the client).
+* :mod:`~lightning_fed.deploy.site_store`: the clients' state at their site, versioned per round.
+* :mod:`~lightning_fed.deploy.remote`: the server's client side over a transport.
+* :mod:`~lightning_fed.deploy.transport`: the transport contract and the in-process loopback.
+* :mod:`~lightning_fed.deploy.server`: the server's fit.
+"""
+
+from lightning_fed.deploy.remote import RemoteClients, remote_clients
+from lightning_fed.deploy.server import check_server, serve
+from lightning_fed.deploy.site import ClientSite, SiteTrainer
+from lightning_fed.deploy.site_store import SiteStateStore
+from lightning_fed.deploy.transport import LoopbackTransport, Transport
+from lightning_fed.deploy.wire import WIRE_VERSION, RoundTask, SiteReply, decode, encode
+
+__all__ = [
+    "WIRE_VERSION",
+    "ClientSite",
+    "LoopbackTransport",
+    "RemoteClients",
+    "RoundTask",
+    "SiteReply",
+    "SiteStateStore",
+    "SiteTrainer",
+    "Transport",
+    "check_server",
+    "decode",
+    "encode",
+    "remote_clients",
+    "serve",
+]

@@ -1,0 +1,171 @@
+"""The server's side of a deployed round: its clients train at their sites, and their round state is folded in.
+
+:class:`RemoteClients` takes the place of the client half in the server's round
+(:class:`~lightning_fed.engine.round.RoundRunner`'s ``client_side``): after the server half opened the round
+(sampled, ran ``on_round_start``, reset the aggregator), it sends each sampled client a
+:class:`~lightning_fed.deploy.wire.RoundTask`, and folds the replies' round state into the server's algorithm
+objects in round order (``CrossProcessState.absorb_round_state``), so that the server half closes the round exactly
+as one process would: the same ``compute``, ``on_aggregate``, evaluation, logging and checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch import LightningModule
+
+from lightning_fed.context import ClientShare, RoundContext
+from lightning_fed.deploy.algorithms import algorithm_fingerprint, algorithm_objects, broadcast
+from lightning_fed.deploy.transport import Transport
+from lightning_fed.deploy.wire import RoundTask
+from lightning_fed.engine.dispatch import HookDispatcher
+from lightning_fed.engine.rejection import reject_client
+from lightning_fed.engine.round import ClientSideFactory
+from lightning_fed.engine.step_counter import StepCounter
+
+if TYPE_CHECKING:
+    from lightning_fed.hooks import FederatedTrainerView
+
+
+class RemoteClients:
+    """Trains a round's clients at their sites over ``transport``.
+
+    Args:
+        transport: Reaches the sites.
+        trainer: The server's federated trainer.
+        module: The server's module (it holds the global model).
+        steps: The fit's step counter; advanced by the steps the sites took.
+        hooks: The server's hook dispatcher (unused: the per-client hooks run at the sites).
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        trainer: FederatedTrainerView,
+        module: LightningModule,
+        steps: StepCounter,
+        hooks: HookDispatcher,
+    ) -> None:
+        self.transport = transport
+        self.trainer = trainer
+        self.module = module
+        self.steps = steps
+        self._configuration: dict[str, Any] | None = None
+
+    def run(self, round_ctx: RoundContext, client_ids: list[int]) -> ClientShare:
+        """Sends the round's tasks, folds the replies in round order and returns the round's share.
+
+        A client whose reply does not arrive is dropped: it counts as rejected (``clients/rejected``) and contributes
+        nothing, as a diverged client does in simulation.
+        """
+        self.steps.start_round()
+        tasks = [self._task(round_ctx, client_id) for client_id in client_ids]
+        replies = self.transport.exchange(tasks)
+        objects = algorithm_objects(self.trainer)
+        dropped: list[int] = []
+        share = ClientShare(dropped=dropped)
+        for client_id in client_ids:
+            reply = replies.get(client_id)
+            if reply is None:
+                round_ctx.rejected.append(client_id)
+                dropped.append(client_id)
+                self.trainer.print(
+                    f"[lightning_fed] Client {client_id} did not reply in round {round_ctx.round_idx}: it was left"
+                    " out of the aggregate."
+                )
+                continue
+            if reply.rejected:
+                reject_client(self.trainer, round_ctx, client_id)
+            else:
+                for key, obj in objects.items():
+                    obj.absorb_round_state(reply.round_state[key])
+                share.train_metrics[client_id] = reply.train_metrics
+            self.steps.add(reply.steps)
+            round_ctx.bytes_up += reply.bytes_up
+            round_ctx.bytes_down += reply.bytes_down
+        share.rejected = list(round_ctx.rejected)
+        share.steps = self.steps.round_steps
+        return share
+
+    def evaluate(self, round_idx: int, client_ids: list[int]) -> tuple[dict[int, dict[str, float]], bool]:
+        """Asks each client's site to evaluate the new global model (or the client's personalised model) on the
+        client's test split; returns the results of the clients that have one, in ``client_ids`` order, and whether
+        any model was personalised. A site that does not answer is left out of the round's client statistics."""
+        trainer = self.trainer
+        global_params = {name: value.detach().clone() for name, value in self.module.state_dict().items()}
+        broadcast_state = broadcast(trainer)
+        tasks = [
+            RoundTask(
+                round_idx=round_idx,
+                client_id=client_id,
+                client_ids=list(client_ids),
+                num_samples={},
+                seed=trainer.federation_state.seed,
+                global_params=global_params,
+                broadcast=broadcast_state,
+                committed_round=trainer.federation_state.completed_rounds - 1,
+                run_id=str(getattr(trainer, "fed_run_id", None) or ""),
+                fingerprint=self._fingerprint(),
+                evaluate=True,
+            )
+            for client_id in client_ids
+        ]
+        replies = self.transport.exchange(tasks)
+        results: dict[int, dict[str, float]] = {}
+        personalised = False
+        for client_id in client_ids:
+            reply = replies.get(client_id)
+            if reply is not None and reply.eval_metrics is not None:
+                results[client_id] = reply.eval_metrics
+                personalised |= reply.personalised
+        return results, personalised
+
+    def _fingerprint(self) -> dict[str, Any]:
+        if self._configuration is None:
+            trainer: Any = self.trainer
+            self._configuration = algorithm_fingerprint(trainer, self.module, getattr(trainer, "fed_fingerprint", None))
+        return self._configuration
+
+    def _task(self, round_ctx: RoundContext, client_id: int) -> RoundTask:
+        trainer = self.trainer
+        state = trainer.federation_state
+        return RoundTask(
+            round_idx=round_ctx.round_idx,
+            client_id=client_id,
+            client_ids=list(round_ctx.client_ids),
+            num_samples=dict(round_ctx.num_samples),
+            seed=state.seed,
+            global_params=round_ctx.global_params,
+            broadcast=broadcast(trainer),
+            schedulers=_scheduler_state(self.module),
+            # The server checkpoints every round before the next one starts (the deployment's ModelCheckpoint).
+            committed_round=state.completed_rounds - 1,
+            run_id=str(getattr(trainer, "fed_run_id", None) or ""),
+            fingerprint=self._fingerprint(),
+        )
+
+
+def _scheduler_state(module: LightningModule) -> list[object]:
+    """The LR schedulers' state and the optimizers' hyperparameters at the round's start (what every client of the
+    round starts from; see :class:`~lightning_fed.engine.schedulers.RoundSchedulers`)."""
+    configs = module.trainer.lr_scheduler_configs
+    if not configs:
+        return []
+    optimizers = module.trainer.optimizers
+    groups = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in optimizers]
+    return copy.deepcopy([[config.scheduler.state_dict() for config in configs], groups])
+
+
+def remote_clients(transport: Transport) -> ClientSideFactory:
+    """The ``client_side`` of a server trainer whose clients train at the sites ``transport`` reaches."""
+
+    def build(
+        trainer: FederatedTrainerView, module: LightningModule, steps: StepCounter, hooks: HookDispatcher
+    ) -> RemoteClients:
+        return RemoteClients(transport, trainer, module, steps, hooks)
+
+    return build
+
+
+__all__ = ["RemoteClients", "remote_clients"]

@@ -1,0 +1,99 @@
+"""A deployment whose server crashes after the sites trained a round, resumed from its last checkpoint, ends with
+the model and the site stores bit-identical to an uninterrupted deployment; the site store's commit protocol."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
+
+from lightning_fed.aggregators import FedAvg
+from lightning_fed.callbacks import FedCurv, Scaffold
+from lightning_fed.deploy import ClientSite, LoopbackTransport, RoundTask, SiteTrainer, serve
+from lightning_fed.deploy.site_store import SiteStateStore
+
+NUM_CLIENTS = 4
+ROUNDS = 4
+
+
+class _ServerCrash(Exception):
+    """The server died after the sites answered, before its checkpoint of the round."""
+
+
+class _CrashingTransport(LoopbackTransport):
+    def __init__(self, sites: dict[int, ClientSite], crash_round: int | None) -> None:
+        super().__init__(sites)
+        self.crash_round = crash_round
+
+    def exchange(self, tasks: list[RoundTask]) -> dict[int, Any]:
+        replies = super().exchange(tasks)
+        if tasks and tasks[0].round_idx == self.crash_round:
+            raise _ServerCrash
+        return replies
+
+
+def _settings() -> dict[str, Any]:
+    return dict(
+        num_rounds=ROUNDS,
+        clients_per_round=2,
+        aggregator=FedAvg(weighting="uniform"),
+        callbacks=[Scaffold(), FedCurv(lam=0.1)],
+        client_eval="none",
+        eval_every_n_rounds=0,
+        seed=0,
+    )
+
+
+def _sites(state_dir: Path) -> dict[int, ClientSite]:
+    def build() -> tuple[Any, Any, SiteTrainer]:
+        trainer = SiteTrainer(default_root_dir=str(state_dir / "site"), accelerator="cpu", devices=1, **_settings())
+        return BoringClassifier(lr=0.1), make_datamodule(NUM_CLIENTS), trainer
+
+    return {cid: ClientSite(build, state_dir) for cid in range(NUM_CLIENTS)}
+
+
+def _serve(root: Path, state_dir: Path, crash_round: int | None = None, ckpt_path: str | None = None) -> Any:
+    torch.manual_seed(0)
+    module = BoringClassifier(lr=0.1)
+    trainer = fast_trainer(root, enable_checkpointing=True, **_settings())
+    serve(trainer, module, make_datamodule(NUM_CLIENTS), _CrashingTransport(_sites(state_dir), crash_round), ckpt_path)
+    return module
+
+
+def _stores(state_dir: Path) -> dict[int, dict[str, Any]]:
+    # The state each client's next task would start from, whichever round comes next.
+    return {cid: SiteStateStore(state_dir, cid).load(committed_round=ROUNDS) for cid in range(NUM_CLIENTS)}
+
+
+def test_a_resumed_deployment_is_bit_identical_to_an_uninterrupted_one(tmp_path):
+    reference = _serve(tmp_path / "a", tmp_path / "a-sites")
+    with pytest.raises(_ServerCrash):
+        _serve(tmp_path / "b", tmp_path / "b-sites", crash_round=2)
+    # The sites trained round 2 and wrote it as pending: versions the checkpoint does not know.
+    assert any(2 in SiteStateStore(tmp_path / "b-sites", cid).versions() for cid in range(NUM_CLIENTS))
+    resumed = _serve(tmp_path / "b", tmp_path / "b-sites", ckpt_path="last")
+    for name, value in reference.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], value), name
+    expected, got = _stores(tmp_path / "a-sites"), _stores(tmp_path / "b-sites")
+    assert expected.keys() == got.keys()
+    for cid in expected:
+        assert expected[cid].keys() == got[cid].keys(), cid
+        for namespace in expected[cid]:
+            torch.testing.assert_close(got[cid][namespace], expected[cid][namespace], rtol=0, atol=0)
+
+
+def test_the_site_store_keeps_the_newest_committed_version_and_drops_the_rest(tmp_path):
+    store = SiteStateStore(tmp_path, client_id=7)
+    assert store.load(committed_round=-1) == {}
+    for round_idx in (1, 3, 4, 6):
+        store.save(round_idx, {"ns": torch.tensor(float(round_idx))})
+    # The server committed round 4 (its checkpoint), then resumed from it: round 6 will run again.
+    state = store.load(committed_round=5)
+    assert state["ns"].item() == 4.0
+    assert store.versions() == [4]
+    store.save(5, {"ns": torch.tensor(5.0)})
+    assert store.load(committed_round=4)["ns"].item() == 4.0  # round 5 was never committed
+    assert store.versions() == [4]
