@@ -10,6 +10,8 @@ rounds here, and:
   is a ``"sum"`` (the aggregators' integer-buffer ``"last"`` is sent in clear and not counted), its own code calls
   no gather, no server hook (``on_round_start``, ``on_aggregate``, ``on_round_end``) reads its per-client store
   entries, and it holds back no updates to rewrite them together;
+* it declares ``server_reads_client_store`` exactly when a server hook reads its per-client store entries (a
+  deployment, which keeps the store at the sites, refuses such an algorithm);
 * the client half of each round reads nothing of its ``state_dict`` beyond ``broadcast_keys``: every other entry is
   poisoned (NaN) while the client half runs and restored before the server half closes the round, and the run must
   end bit-identical to an unpoisoned one. State the server half prepares in ``on_round_start`` counts as sent.
@@ -256,6 +258,9 @@ def test_declarations_match_what_the_run_does(tmp_path, monkeypatch, name):
         kinds |= run["gathers"].get(type(plugin).__name__, set())
         expected = STRICTER_BY_DESIGN.get(type(plugin).__name__, kinds <= {"sum"})
         assert plugin.round_state_is_sum == expected, (type(plugin).__name__, kinds)
+        # A deployment keeps the client store at the sites: an algorithm whose server hooks read it must say so.
+        read_on_server = "client state read by the server" in run["gathers"].get(type(plugin).__name__, set())
+        assert plugin.server_reads_client_store == read_on_server, (type(plugin).__name__, read_on_server)
         state = plugin.state_dict()
         if plugin.broadcast_keys is not None:
             assert set(plugin.broadcast_keys) <= set(state), (type(plugin).__name__, sorted(state))

@@ -204,3 +204,25 @@ def test_a_site_built_from_another_configuration_refuses_the_task_naming_the_dif
         serve(trainer, _module(), make_datamodule(NUM_CLIENTS), LoopbackTransport(sites))
     # Nothing of the refused round reached a site's disk.
     assert not (tmp_path / "site-state").exists()
+
+
+@pytest.mark.parametrize(("callback", "kwargs"), [("FedAMP", {}), ("RFedAvg", {"lam": 0.1})])
+def test_an_algorithm_whose_server_reads_the_client_store_is_refused_before_any_site_is_reached(
+    tmp_path, callback, kwargs
+):
+    import lightning_fed.callbacks as callbacks
+
+    contacted: list[int] = []
+
+    class _Counting(LoopbackTransport):
+        def exchange(self, tasks: list[RoundTask]) -> dict[int, Any]:
+            contacted.extend(task.client_id for task in tasks)
+            return super().exchange(tasks)
+
+    settings = _settings("fedavg")
+    settings["callbacks"] = [getattr(callbacks, callback)(**kwargs)]
+    trainer = fast_trainer(tmp_path / "server", **settings)
+    with pytest.raises(ValueError, match=rf"{callback} \(callback-0-{callback}\) cannot be deployed: its server reads"):
+        serve(trainer, _module(), make_datamodule(NUM_CLIENTS), _Counting({}))
+    assert contacted == []
+    assert not (tmp_path / "server").exists()
