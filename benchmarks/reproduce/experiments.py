@@ -81,6 +81,9 @@ SCALING: dict[str, dict[str, tuple[str, ...]]] = {
         "small": ("--trainer.num_rounds", "100"),
         "full": ("--trainer.num_rounds", "200"),
     },
+    # v2 (PROTOCOL.md, claim 4): the practical split at the paper's client sizes, which the smoke profile keeps
+    # (one round) so that it checks the split can be drawn at those sizes.
+    "practical_v2": {"smoke": _ONE_ROUND, "small": (), "full": ("--trainer.num_rounds", "100")},
     # v2: claims 7 and 8a on Fashion-MNIST with LeNet-5; the preset holds the paper's R = 100.
     "fedgg_fmnist": {
         "smoke": (*_FMNIST_ZHAO_SMOKE, "--trainer.local_epochs", "1"),
@@ -215,13 +218,14 @@ PRACTICAL_SIZES_V2 = ("--data.init_args.partitioner.init_args.samples_per_client
 def _personalized(protocol: str = "v1") -> list[Experiment]:
     runs = []
     for split in ("pathological", "practical"):
-        args = PRACTICAL_SIZES_V2 if protocol == "v2" and split == "practical" else ()
+        v2_practical = protocol == "v2" and split == "practical"
+        args, family = (PRACTICAL_SIZES_V2, "practical_v2") if v2_practical else ((), split)
         for method in PERSONALIZED_METHODS:
             profiles = _PERSONALIZED_PROFILES[split].get(method, FULL)
             configs = (f"configs/fmnist/personalized/{split}.yaml", f"configs/fmnist/personalized/{method}.yaml")
             name = f"{split}_{method}"
             runs.append(
-                Experiment(name, with_tuned(name, configs, TUNED_DIRS[protocol]), split, args, profiles=profiles)
+                Experiment(name, with_tuned(name, configs, TUNED_DIRS[protocol]), family, args, profiles=profiles)
             )
     return runs
 
@@ -288,7 +292,14 @@ FEDGG_FMNIST_RUNS: dict[str, str | None] = {
 #: mu = 0.01), without a tuned file.
 PAPER_LR_SUFFIX = "_lr001"
 _PAPER_LR = ("--model.init_args.lr", "0.01")
-_SMOKE_FEDGG_FMNIST = {"fedgg_fmnist_beta01", "fedavg_fmnist_beta01"}
+#: The smoke profile runs every method of claims 7 and 8a once (SCAFFOLD's momentum path included; a smoke-profile
+#: search then covers the whole comparison) and the paper-lr runs claim 7 reads, so that both lr columns of the
+#: report get a verdict.
+_SMOKE_FEDGG_FMNIST = {
+    *FEDGG_FMNIST_RUNS,
+    "fedgg_fmnist_beta01" + PAPER_LR_SUFFIX,
+    "fedavg_fmnist_beta01" + PAPER_LR_SUFFIX,
+}
 
 
 def _v2_global_model_runs() -> list[Experiment]:
@@ -306,7 +317,9 @@ def _v2_global_model_runs() -> list[Experiment]:
         paths = ("configs/experiments/fmnist/dirichlet01.yaml", *((f"configs/experiments/{method}",) if method else ()))
         profiles = ALL if name in _SMOKE_FEDGG_FMNIST else SMALL_AND_FULL
         runs.append(Experiment(name, with_tuned(name, paths, TUNED_DIR_V2), "fedgg_fmnist", profiles=profiles))
-        runs.append(Experiment(name + PAPER_LR_SUFFIX, paths, "fedgg_fmnist", _PAPER_LR, profiles=SMALL_AND_FULL))
+        paper = name + PAPER_LR_SUFFIX
+        profiles = ALL if paper in _SMOKE_FEDGG_FMNIST else SMALL_AND_FULL
+        runs.append(Experiment(paper, paths, "fedgg_fmnist", _PAPER_LR, profiles=profiles))
     return runs
 
 
