@@ -167,7 +167,15 @@ def assess(comparison: Comparison, ladder: Ladder, scores: Mapping[str, Mapping[
             grow_high |= can_high
             status[run] = f"{EDGE}: high" if can_high else f"{BOUNDED}: high (lr {high_lr:g})"
         else:
-            status[run] = INTERIOR
+            # An optimum is interior only if both neighbouring cells were scored: a neighbour whose runs all failed
+            # (or never ran) could hold a better setting, so the report says so instead of claiming interior.
+            run_scores = scores.get(run, {})
+            unscored = [
+                cells[c]
+                for c in (cell - 1, cell + 1)
+                if not any(score is not None for suffix, score in run_scores.items() if cell_of(suffix) == c)
+            ]
+            status[run] = f"{EDGE}: no score at lr {unscored[0]:g}" if unscored else INTERIOR
     if not (grow_low or grow_high):
         return Assessment(status, None)
     return Assessment(status, Ladder(ladder.low + grow_low, ladder.high + grow_high))

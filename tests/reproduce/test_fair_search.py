@@ -141,3 +141,20 @@ def test_v2_registry_claims_and_seeds():
         run for c in CLAIMS_V2 for run in c.requires if not run.startswith(("zhao_", "fedcurv", "fedavg_fedcurv"))
     }
     assert {r for r in required if not r.endswith("_lr001")} <= searched
+
+
+def test_a_choice_next_to_a_cell_without_scores_is_not_called_interior():
+    # Both methods peak in the middle cell (0.1); method "a"'s runs at 0.3 all failed (no score).
+    scores = {
+        run: {
+            suffix: _table({"a": 0.1, "b": 0.1})(run, suffix, s)
+            for suffix, s in search_settings(_TOY, run, Ladder()).items()
+        }
+        for run in _TOY.methods
+    }
+    for suffix, setting in search_settings(_TOY, "a", Ladder()).items():
+        if setting["lr"] > 0.2:
+            scores["a"][suffix] = None
+    outcome = assess(_TOY, Ladder(), scores)
+    assert outcome.status == {"a": "edge: no score at lr 0.3", "b": "interior"}
+    assert outcome.next_ladder is None
