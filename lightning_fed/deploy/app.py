@@ -167,7 +167,7 @@ def write_app(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command: 0 once the app is written, 2 with one line on stderr for a bad input."""
-    from lightning_fed.cli.errors import error_line, traceback_requested
+    from lightning_fed.cli.errors import HeldOutput, error_line, traceback_requested
 
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.secagg:
@@ -179,9 +179,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    # Building the trainer logs ("GPU available: ...") and warns: the command prints its one line only.
+    held = HeldOutput()
+    held.hold()
     try:
         out = write_app(args.config, args.out, name=args.name, round_timeout=args.round_timeout)
     except Exception as error:
+        held.discard()
         if traceback_requested():
             raise
         line = error_line(error, before_run=True) if not isinstance(error, FileExistsError) else str(error)
@@ -189,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"{PROGRAM}: {line}", file=sys.stderr)
         return 2
+    held.discard()
     print(f"Wrote the Flower app {out}: run it with `flwr run {out} <connection>`.")
     return 0
 
