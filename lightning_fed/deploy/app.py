@@ -92,6 +92,7 @@ def resolved_config(configs: Sequence[str | Path]) -> str:
     cli = FederatedCLI(args=args, run=False, save_config_callback=None, parser_kwargs={"exit_on_error": False})
     assert isinstance(cli.trainer, FederatedTrainer)
     check_server(cli.trainer)
+    cli.check_before_run("fit")  # what `fit` checks before it writes anything, the server's data included
     text = cli.parser.dump(cli.config, skip_none=False, skip_check=True)
     return str(text)
 

@@ -11,7 +11,10 @@ from pathlib import Path
 ALGORITHMS = {
     "fedavg": "  callbacks: []\n",
     "fedprox": ("  callbacks:\n    - class_path: lightning_fed.callbacks.FedProx\n      init_args:\n        mu: 0.1\n"),
-    "scaffold": "  callbacks:\n    - class_path: lightning_fed.callbacks.Scaffold\n",
+    "scaffold": (
+        "  aggregator:\n    class_path: lightning_fed.aggregators.FedAvg\n    init_args:\n      weighting: uniform\n"
+        "  callbacks:\n    - class_path: lightning_fed.callbacks.Scaffold\n"
+    ),
 }
 
 _CONFIG = """\
