@@ -1,0 +1,206 @@
+"""``lightning-fed flower-app``: writes the Flower app directory of a deployment from the YAML of ``lightning-fed fit``.
+
+Example::
+
+    lightning-fed flower-app --config configs/quickstart.yaml --config deploy.yaml --out app
+
+The directory holds ``pyproject.toml`` (the app's components, :mod:`lightning_fed.deploy.flower`'s ServerApp and
+ClientApp, and its run config), the resolved ``config.yaml`` that the server and every site build from, and a
+README. The configuration is parsed and checked first, as ``fit`` would, and as a deployment's server would
+(:func:`~lightning_fed.deploy.server.check_server`): a bad one is reported in one line and nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning_fed.utilities.atomic import write_text_atomic
+
+PROGRAM = "lightning-fed flower-app"
+
+#: The run config of a written app; ``flwr run --run-config "key=value"`` overrides any of them.
+DEFAULT_RUN_CONFIG: dict[str, Any] = {
+    "round-timeout": 600.0,
+    "resume": False,
+    "workdir": "",
+    "state-dir": "",
+}
+
+_README = """\
+# {name}: a lightning_fed deployment on Flower
+
+Written by `lightning-fed flower-app`. `config.yaml` is the resolved configuration of the fit: the server and every
+site build from it. Run config (`pyproject.toml`, `[tool.flwr.app.config]`; override with
+`flwr run . <connection> --run-config "key=value"`):
+
+- `round-timeout`: seconds the server waits for a round's replies; a site that has not replied by then is dropped
+  from that round (`0`: wait for every site).
+- `resume`: `true` resumes the newest run of this configuration from its last checkpoint (`--ckpt_path last`).
+- `workdir`: the server's working directory (where `default_root_dir` leads); default: the SuperLink's.
+- `state-dir`: where sites keep their clients' state when their node config sets none (simulation).
+
+Each site starts a SuperNode that names its client and its state directory (and, optionally, a YAML whose `data`
+section replaces this one's, to point the datamodule at the site's own files):
+
+    flower-supernode --insecure --superlink <host>:<port> \\
+        --node-config "client-id=0 state-dir='site-0-state' data-config='site-data.yaml'"
+
+Every machine needs `pip install "lightning-fed[flower]"` (the same lightning_fed version everywhere).
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--config",
+        action="append",
+        required=True,
+        help="A YAML of `lightning-fed fit`; repeat it to override key by key, as fit's --config does.",
+    )
+    parser.add_argument(
+        "--out", required=True, help="The app directory to write (created; must be empty if it exists)."
+    )
+    parser.add_argument("--name", default=None, help="The app's name (default: the --out directory's name).")
+    parser.add_argument(
+        "--round-timeout",
+        type=float,
+        default=DEFAULT_RUN_CONFIG["round-timeout"],
+        help="Seconds to wait for a round's replies before dropping the sites that have not replied (0: wait).",
+    )
+    parser.add_argument("--secagg", action="store_true", help="Secure aggregation (SecAgg+); not built yet.")
+    return parser
+
+
+def resolved_config(configs: Sequence[str | Path]) -> str:
+    """The YAML that ``lightning-fed fit --config <each of configs>`` resolves, once checked as a deployment's server.
+
+    Raises:
+        Exception: What parsing, building or :func:`~lightning_fed.deploy.server.check_server` raised.
+    """
+    from lightning_fed.cli.main import FederatedCLI
+    from lightning_fed.deploy.server import check_server
+    from lightning_fed.trainer import FederatedTrainer
+
+    args: list[str] = []
+    for config in configs:
+        args += ["--config", str(config)]
+    cli = FederatedCLI(args=args, run=False, save_config_callback=None, parser_kwargs={"exit_on_error": False})
+    assert isinstance(cli.trainer, FederatedTrainer)
+    check_server(cli.trainer)
+    cli.check_before_run("fit")  # what `fit` checks before it writes anything, the server's data included
+    text = cli.parser.dump(cli.config, skip_none=False, skip_check=True)
+    return str(text)
+
+
+def app_name(out: Path, name: str | None) -> str:
+    """A Flower project name (letters, digits and ``-``, starting with a letter) from ``name`` or ``out``."""
+    raw = name or out.resolve().name
+    cleaned = re.sub(r"[^A-Za-z0-9-]+", "-", raw).strip("-") or "app"
+    return cleaned if cleaned[0].isalpha() else f"app-{cleaned}"
+
+
+def pyproject(name: str, run_config: dict[str, Any]) -> str:
+    """The app's ``pyproject.toml``."""
+    lines = [
+        "[build-system]",
+        'requires = ["hatchling"]',
+        'build-backend = "hatchling.build"',
+        "",
+        "[project]",
+        f'name = "{name}"',
+        'version = "1.0.0"',
+        'description = "A lightning_fed deployment (written by `lightning-fed flower-app`)."',
+        'license = "Apache-2.0"',
+        'dependencies = ["lightning-fed[flower]"]',
+        "",
+        "[tool.hatch.build.targets.wheel]",
+        'packages = ["."]',
+        "",
+        "[tool.flwr.app]",
+        'publisher = "lightning-fed"',
+        "",
+        "[tool.flwr.app.components]",
+        'serverapp = "lightning_fed.deploy.flower:server_app"',
+        'clientapp = "lightning_fed.deploy.flower:client_app"',
+        "",
+        "[tool.flwr.app.config]",
+    ]
+    for key, value in run_config.items():
+        lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def write_app(
+    configs: Sequence[str | Path], out: str | Path, *, name: str | None = None, round_timeout: float = 600.0
+) -> Path:
+    """Checks the configuration, then writes the Flower app directory ``out``; returns it.
+
+    Raises:
+        FileExistsError: If ``out`` exists and is not an empty directory (checked before anything is written).
+        Exception: What checking the configuration raised (nothing is written then).
+    """
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"--out {out} exists and is not an empty directory; name a new one.")
+    text = resolved_config(configs)
+    project = app_name(out, name)
+    run_config = dict(DEFAULT_RUN_CONFIG, **{"round-timeout": float(round_timeout)})
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "config.yaml", text)
+    write_text_atomic(out / "pyproject.toml", pyproject(project, run_config))
+    write_text_atomic(out / "README.md", _README.format(name=project))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command: 0 once the app is written, 2 with one line on stderr for a bad input."""
+    from lightning_fed.cli.errors import HeldOutput, error_line, traceback_requested
+
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.secagg:
+        print(f"{PROGRAM}: --secagg is not built yet; write the app without it.", file=sys.stderr)
+        return 2
+    if args.round_timeout < 0:
+        print(
+            f"{PROGRAM}: --round-timeout must be >= 0 (0: wait for every site); got {args.round_timeout}.",
+            file=sys.stderr,
+        )
+        return 2
+    # Building the trainer logs ("GPU available: ...") and warns: the command prints its one line only.
+    held = HeldOutput()
+    held.hold()
+    try:
+        out = write_app(args.config, args.out, name=args.name, round_timeout=args.round_timeout)
+    except Exception as error:
+        held.discard()
+        if traceback_requested():
+            raise
+        line = error_line(error, before_run=True) if not isinstance(error, FileExistsError) else str(error)
+        if line is None:
+            raise
+        print(f"{PROGRAM}: {line}", file=sys.stderr)
+        return 2
+    held.discard()
+    print(f"Wrote the Flower app {out}: run it with `flwr run {out} <connection>`.")
+    return 0
+
+
+__all__ = ["DEFAULT_RUN_CONFIG", "main", "pyproject", "resolved_config", "write_app"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
