@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning.pytorch import LightningModule
+from lightning.pytorch.callbacks import ProgressBar
 
 from lightning_fed.hooks import FederatedTrainerView
 from lightning_fed.parallel.reduction import CrossProcessState
@@ -23,7 +24,9 @@ def algorithm_objects(trainer: FederatedTrainerView) -> dict[str, CrossProcessSt
     objects: dict[str, CrossProcessState] = {"aggregator": trainer.aggregator}
     position = 0
     for callback in trainer.callbacks:
-        if isinstance(callback, CrossProcessState):
+        # A progress bar shows the run and changes nothing in it (the experiment fingerprint leaves it out too): a
+        # site, which shows nothing, need not build it.
+        if isinstance(callback, CrossProcessState) and not isinstance(callback, ProgressBar):
             objects[f"callback-{position}-{type(callback).__name__}"] = callback
             position += 1
     return objects

@@ -16,7 +16,6 @@ trainer:
   accelerator: cpu
   devices: 1
   logger: false
-  enable_progress_bar: false
   enable_model_summary: false
   num_sanity_val_steps: 0
   client_eval: none

@@ -41,10 +41,11 @@ def test_the_app_directory_holds_the_components_the_run_config_and_the_resolved_
 
 def test_a_config_a_deployment_cannot_run_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys):
     config = write_config(tmp_path)
-    config.write_text(config.read_text().replace("client_eval: none", "client_eval: all"))
+    fedamp = "  callbacks:\n    - class_path: lightning_fed.callbacks.FedAMP\n"
+    config.write_text(config.read_text().replace("  callbacks: []\n", fedamp))
     assert main(["--config", str(config), "--out", str(tmp_path / "app")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("lightning-fed flower-app: ") and "client_eval" in err[0]
+    assert len(err) == 1 and err[0].startswith("lightning-fed flower-app: ") and "FedAMP" in err[0]
     assert not (tmp_path / "app").exists()
 
 
