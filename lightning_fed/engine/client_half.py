@@ -83,8 +83,9 @@ class ClientHalf:
     def run(self, round_ctx: RoundContext, client_ids: list[int]) -> ClientShare:
         """Trains ``client_ids`` (this share of ``round_ctx.client_ids``, in round order) and returns the share.
 
-        Each accepted update reaches ``aggregator.update`` as soon as its client is done (memory stays O(model)),
-        unless an ``on_client_end`` hook holds it back; held updates go through ``on_clients_end`` first.
+        Each accepted update reaches ``aggregator.update`` as soon as its client is done (memory stays O(model);
+        a batched group's reach ``aggregator.update_group`` together, in order, once the group is done), unless an
+        ``on_client_end`` hook holds it back; held updates go through ``on_clients_end`` first.
 
         Raises:
             SIGTERMException: A stop was agreed at a client boundary (Lightning's exception for SIGTERM). The round
@@ -193,7 +194,8 @@ class ClientHalf:
                 # on_client_end's contract: the module holds the client's local model.
                 copy_state_(self.live, params)
             store.resume(transaction)
-            updates.append(self._finish_client(round_ctx, ctx, update, None, finite))
+            updates.append(self._finish_client(round_ctx, ctx, update, None, finite, aggregate=False))
+        self.trainer.aggregator.update_group([u for u in updates if u is not None and not u.held])
         return updates
 
     def _start_client(self, round_ctx: RoundContext, client_id: int) -> tuple[ClientContext, dict[str, Any]]:
@@ -224,10 +226,12 @@ class ClientHalf:
         update: ClientUpdate,
         optimizer_state: dict[Any, Any] | None,
         finite: bool | None = None,
+        aggregate: bool = True,
     ) -> ClientUpdate | None:
         """Rejects a non-finite update (undoing the client's store writes) or commits it, runs ``on_client_end``
         and hands it to the aggregator; the client's store transaction must be open. ``finite``: whether the update
-        is finite, when already known (a group checks all its clients at once)."""
+        is finite, when already known (a group checks all its clients at once). ``aggregate=False``: the caller
+        hands the update to the aggregator (a group's go together, ``aggregator.update_group``)."""
         store = round_ctx.store
         round_ctx.bytes_down += state_nbytes(ctx.initial_params)
         round_ctx.bytes_up += state_nbytes(update.params)
@@ -241,7 +245,7 @@ class ClientHalf:
         if optimizer_state is not None:
             store.put("optimizer", ctx.client_id, optimizer_state)
         self.hooks.call("on_client_end", ctx, update)
-        if not update.held:
+        if aggregate and not update.held:
             self.trainer.aggregator.update(update)
         return update
 
