@@ -70,7 +70,9 @@ def _empty_in_order(shape: tuple[int, ...], order: tuple[int, ...], like: Tensor
 
 
 def _order_of(tensor: Tensor) -> tuple[int, ...]:
-    return tuple(sorted(range(tensor.dim()), key=lambda d: -tensor.stride(d)))
+    """``tensor``'s dimensions from the outermost in memory to the innermost (by decreasing stride)."""
+    strides = tensor.stride()
+    return tuple(sorted(range(tensor.dim()), key=lambda d: -strides[d]))
 
 
 def _dense(tensor: Tensor) -> bool:
