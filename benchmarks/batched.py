@@ -22,11 +22,17 @@ above the CPU count is marked ``*`` (unreliable); ``--wait-quiet SECONDS`` waits
 Device and precision: ``--device cpu`` (default, with ``--threads`` torch threads, default 1 as in
 ``benchmarks/speed.py``) or ``--device cuda`` with ``--precision 32-true`` or ``bf16-mixed``.
 
+Processes: ``--processes N`` (default 1) runs both ways with ``strategy="ddp"`` on N processes (on the CPU: gloo,
+each process with ``--threads`` threads), each rank training its share of the round's clients, one at a time or in
+groups; rank 0 measures its rounds and prints the table (Lightning starts the other ranks by running this script
+again with the same arguments).
+
 Run from the repository root::
 
     python benchmarks/batched.py                                      # CPU: 2NN and CNN, 100 and 1000 clients
     python benchmarks/batched.py --models 2nn --clients 100 --parallelism auto 8 16 32
     python benchmarks/batched.py --device cuda --precision bf16-mixed --parallelism auto
+    python benchmarks/batched.py --models 2nn --clients 1000 --parallelism auto --processes 2  # ddp, 2 processes
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -106,13 +113,14 @@ def run(
         num_sanity_val_steps=0,
         limit_val_batches=0,
         accelerator=args.device,
-        devices=1,
+        devices=args.processes,
+        strategy="ddp" if args.processes > 1 else "auto",
         precision=args.precision,
         default_root_dir=root,
         callbacks=[clock],
     )
     # On a GPU the fit keeps one host core busy; on the CPU, its torch threads.
-    cores = 1 if args.device == "cuda" else args.threads or os.cpu_count() or 1
+    cores = (1 if args.device == "cuda" else args.threads or os.cpu_count() or 1) * args.processes
     with LoadRecorder(cores, args.wait_quiet) as load:
         trainer.fit(module, datamodule=datamodule)
     wall = statistics.median(w for w, _ in clock.rounds[1:])
@@ -139,6 +147,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     add_wait_quiet_argument(parser)
+    parser.add_argument("--processes", type=int, default=1, help='processes (> 1: strategy="ddp")')
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be at least 2: the first round is not timed")
@@ -147,12 +156,17 @@ def main() -> None:
     warnings.filterwarnings("ignore", ".*(does not have many workers|LeafSpec|Total length).*")
     settings = [p if p == "auto" else int(p) for p in args.parallelism]
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
-    print(f"device: {device}; precision {args.precision}; batch {args.batch_size}; {args.repeats} repeats")
-    print(
+    # The ranks Lightning starts for ddp run this script too; rank 0 alone prints.
+    say = rank_zero_only(print)
+    say(
+        f"device: {device}; precision {args.precision}; batch {args.batch_size}; {args.repeats} repeats;"
+        f" {args.processes} process(es)"
+    )
+    say(
         "| model | clients | parallelism (group) | sequential s/round | batched s/round | speed-up |"
         " CPU s/round seq. / batched | CPU speed-up | max rel. diff |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    say("|---|---|---|---|---|---|---|---|---|")
     all_loads: list[LoadRecord] = []
     with tempfile.TemporaryDirectory() as root:
         for model in args.models:
@@ -179,7 +193,7 @@ def main() -> None:
                 sequential = mark(loads[1])
                 for p in settings:
                     batched, both = mark(loads[p]), mark(loads[1] + loads[p])
-                    print(
+                    say(
                         f"| {model} | {clients} | {p} ({sizes[p]}) | {median(times[1], 0):.3f}{sequential} |"
                         f" {median(times[p], 0):.3f}{batched} | {median(ratios[p], 0):.2f}x{both} |"
                         f" {median(times[1], 1):.3f} / {median(times[p], 1):.3f} | {median(ratios[p], 1):.2f}x |"
@@ -187,7 +201,7 @@ def main() -> None:
                         flush=True,
                     )
                 all_loads += [load for records in loads.values() for load in records]
-    print(footnote(all_loads))
+    say(footnote(all_loads))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -48,7 +48,8 @@ class Aggregator(CrossProcessState, ABC):
 
     * before ``reset``: starts the integer-buffer policy (the round's client positions, and the last integer entries
       as round state that keeps the latest client over ranks);
-    * after ``update``: keeps the update's integer entries if it is the round's latest client so far;
+    * after ``update`` (and after ``update_group``, for each of its updates): keeps the update's integer entries if
+      it is the round's latest client so far;
     * before ``compute``: reduces the declared round state over ranks
       (:meth:`~lightning_fed.parallel.reduction.CrossProcessState.reduce_round_state`); after it: lays the round's
       integer entries (those ``should_aggregate`` keeps) over the returned model, nothing when no client was accepted.
@@ -78,6 +79,7 @@ class Aggregator(CrossProcessState, ABC):
         for name, wrap in (
             ("reset", _with_reset_duties),
             ("update", _with_update_duties),
+            ("update_group", _with_update_group_duties),
             ("compute", _with_compute_duties),
         ):
             method = cls.__dict__.get(name)
@@ -120,6 +122,16 @@ class Aggregator(CrossProcessState, ABC):
     @abstractmethod
     def update(self, update: ClientUpdate) -> None:
         """Folds one accepted client update into the running aggregate."""
+
+    def update_group(self, updates: Sequence[ClientUpdate]) -> None:
+        """Folds several accepted updates, in the order given, with the result of ``update`` on each in turn.
+
+        The loop calls it with the accepted updates of a group of clients trained side by side
+        (``client_parallelism``), after the group's ``on_client_end`` hooks. The default calls ``update`` for each;
+        a rule may fold them with fewer operations, but must give the same aggregate.
+        """
+        for update in updates:
+            self.update(update)
 
     @abstractmethod
     def compute(self, global_params: StateDict) -> StateDict:
@@ -215,6 +227,7 @@ _WRAPPED = "_aggregator_duties"
 
 _Reset = Callable[[Aggregator, StateDict, RoundContext], None]
 _Update = Callable[[Aggregator, ClientUpdate], None]
+_UpdateGroup = Callable[[Aggregator, Sequence[ClientUpdate]], None]
 _Compute = Callable[[Aggregator, StateDict], StateDict]
 
 
@@ -237,6 +250,20 @@ def _with_update_duties(update: _Update) -> _Update:
             update(self, client_update)
             if outermost and self.copies_integer_entries:
                 self._copy_integer_entries(client_update)
+
+    setattr(wrapper, _WRAPPED, True)
+    return wrapper
+
+
+def _with_update_group_duties(update_group: _UpdateGroup) -> _UpdateGroup:
+    @functools.wraps(update_group)
+    def wrapper(self: Aggregator, updates: Sequence[ClientUpdate]) -> None:
+        # The duty of `update`: a body that calls `update` does not copy the integer entries a second time.
+        with self._duty("update") as outermost:
+            update_group(self, updates)
+            if outermost and self.copies_integer_entries:
+                for client_update in updates:
+                    self._copy_integer_entries(client_update)
 
     setattr(wrapper, _WRAPPED, True)
     return wrapper

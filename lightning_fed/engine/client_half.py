@@ -15,17 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import torch
-from lightning.fabric.utilities.apply_func import apply_to_collection
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from torch import Tensor
-from torch.optim import Optimizer
 
 from lightning_fed.aggregation import Aggregator
 from lightning_fed.context import ClientContext, ClientShare, ClientUpdate, RoundContext
 from lightning_fed.engine.batched.training import ClientGroups
+from lightning_fed.engine.client_optimizer import client_optimizer
 from lightning_fed.engine.dispatch import HookDispatcher
 from lightning_fed.engine.failures import failure_note, raise_if_batch_of_one
 from lightning_fed.engine.local_training import LocalTrainer, RoundSchedulers
@@ -79,12 +76,14 @@ class ClientHalf:
         self.batched = ClientGroups(trainer, module, steps, hooks)
         # A probe costs a pass over the client's data: only aggregators that define one get a loader.
         self._aggregator_probes = is_overridden("probe_client", trainer.aggregator, Aggregator)
+        self._reads_start_point = self._aggregator_probes or bool(hooks.overriding("on_client_train_start"))
 
     def run(self, round_ctx: RoundContext, client_ids: list[int]) -> ClientShare:
         """Trains ``client_ids`` (this share of ``round_ctx.client_ids``, in round order) and returns the share.
 
-        Each accepted update reaches ``aggregator.update`` as soon as its client is done (memory stays O(model)),
-        unless an ``on_client_end`` hook holds it back; held updates go through ``on_clients_end`` first.
+        Each accepted update reaches ``aggregator.update`` as soon as its client is done (memory stays O(model);
+        a batched group's reach ``aggregator.update_group`` together, in order, once the group is done), unless an
+        ``on_client_end`` hook holds it back; held updates go through ``on_clients_end`` first.
 
         Raises:
             SIGTERMException: A stop was agreed at a client boundary (Lightning's exception for SIGTERM). The round
@@ -155,7 +154,7 @@ class ClientHalf:
             ctx, probe = self._start_client(round_ctx, client_id)
             seed_torch(derive_seed(self.trainer.federation_state.seed, "torch", round_ctx.round_idx, client_id))
             loader = self.datamodule.client_dataloader(client_id, seed=self._data_seed(round_ctx, client_id))
-            optimizer = self._client_optimizer(client_id)
+            optimizer = client_optimizer(self.trainer, self.schedulers, client_id)
             trainer = self.trainer
             metrics = self.local.fit(loader, optimizer, trainer.local_epochs, trainer.local_steps, ctx=ctx)
             update = ClientUpdate(client_id, ctx.num_samples, ctx.num_steps, clone_state(self.live), metrics, probe)
@@ -172,7 +171,7 @@ class ClientHalf:
         try:
             for client_id in client_ids:
                 store.begin()
-                started.append(self._start_client(round_ctx, client_id))
+                started.append(self._start_client(round_ctx, client_id, live=False))
                 transactions.append(store.suspend())
             contexts = [ctx for ctx, _ in started]
             seeds = [self._data_seed(round_ctx, cid) for cid in client_ids]
@@ -193,11 +192,15 @@ class ClientHalf:
                 # on_client_end's contract: the module holds the client's local model.
                 copy_state_(self.live, params)
             store.resume(transaction)
-            updates.append(self._finish_client(round_ctx, ctx, update, None, finite))
+            updates.append(self._finish_client(round_ctx, ctx, update, None, finite, aggregate=False))
+        self.trainer.aggregator.update_group([u for u in updates if u is not None and not u.held])
         return updates
 
-    def _start_client(self, round_ctx: RoundContext, client_id: int) -> tuple[ClientContext, dict[str, Any]]:
-        """Runs a client's start hooks (the module then holds its start point) and the aggregator's probe."""
+    def _start_client(
+        self, round_ctx: RoundContext, client_id: int, live: bool = True
+    ) -> tuple[ClientContext, dict[str, Any]]:
+        """Runs a client's start hooks (the module then holds its start point; with ``live=False`` only when a hook
+        or the probe reads it) and the aggregator's probe."""
         ctx = ClientContext(
             client_id=client_id,
             round_idx=round_ctx.round_idx,
@@ -207,11 +210,14 @@ class ClientHalf:
             store=round_ctx.store,
         )
         self.hooks.call("on_client_start", ctx)
-        copy_state_(self.live, ctx.initial_params)
+        # A group trains from `ctx.initial_params`: the module holds them only for the hooks and probe that read it.
+        if live or self._reads_start_point:
+            copy_state_(self.live, ctx.initial_params)
         data_seed = self._data_seed(round_ctx, client_id)
         # Hooks get a loader of their own, and the RNG is seeded after them: whatever they iterate or draw cannot
         # shift the client's data order or dropout masks.
-        self.hooks.call("on_client_train_start", ctx, self.datamodule.client_dataloader(client_id, seed=data_seed))
+        if self.hooks.overriding("on_client_train_start"):
+            self.hooks.call("on_client_train_start", ctx, self.datamodule.client_dataloader(client_id, seed=data_seed))
         return ctx, self._probe_client(ctx, data_seed)
 
     def _data_seed(self, round_ctx: RoundContext, client_id: int) -> int:
@@ -224,10 +230,12 @@ class ClientHalf:
         update: ClientUpdate,
         optimizer_state: dict[Any, Any] | None,
         finite: bool | None = None,
+        aggregate: bool = True,
     ) -> ClientUpdate | None:
         """Rejects a non-finite update (undoing the client's store writes) or commits it, runs ``on_client_end``
         and hands it to the aggregator; the client's store transaction must be open. ``finite``: whether the update
-        is finite, when already known (a group checks all its clients at once)."""
+        is finite, when already known (a group checks all its clients at once). ``aggregate=False``: the caller
+        hands the update to the aggregator (a group's go together, ``aggregator.update_group``)."""
         store = round_ctx.store
         round_ctx.bytes_down += state_nbytes(ctx.initial_params)
         round_ctx.bytes_up += state_nbytes(update.params)
@@ -241,7 +249,7 @@ class ClientHalf:
         if optimizer_state is not None:
             store.put("optimizer", ctx.client_id, optimizer_state)
         self.hooks.call("on_client_end", ctx, update)
-        if not update.held:
+        if aggregate and not update.held:
             self.trainer.aggregator.update(update)
         return update
 
@@ -268,22 +276,6 @@ class ClientHalf:
             return {}
         loader = self.datamodule.client_dataloader(ctx.client_id, seed=data_seed)
         return dict(self.trainer.aggregator.probe_client(self.trainer, self.module, ctx, loader))
-
-    def _client_optimizer(self, client_id: int) -> Optimizer:
-        """The trainer's optimizer, with fresh state (or the client's own state when it is kept), and the LR
-        schedulers at the round's state. Under manual optimisation the module's other optimizers start fresh too
-        (:class:`LocalTrainer`)."""
-        self.schedulers.start_client()
-        optimizer = self.trainer.optimizers[0]
-        optimizer.state.clear()
-        store = self.trainer.federation_state.store
-        stored = store.get("optimizer", client_id) if self.trainer.keep_optimizer_state else None
-        if stored is not None:
-            # load_state_dict keeps CPU tensors as they are: without a copy the optimizer would step the stored
-            # momentum in place, and a diverging step would poison the kept state even if the update is rejected.
-            stored = apply_to_collection(stored, Tensor, torch.clone)
-            optimizer.load_state_dict({"state": stored, "param_groups": optimizer.state_dict()["param_groups"]})
-        return optimizer
 
 
 def _never_stop(more: bool) -> tuple[bool, bool]:

@@ -41,6 +41,30 @@ def all_finite(state: Mapping[str, Tensor]) -> bool:
     return bool(torch.stack(flags).all()) if flags else True
 
 
+def finite_rows(tensors: Iterable[Tensor], rows: int) -> list[bool]:
+    """Whether row ``i`` (index ``i`` along dimension 0) of every tensor is free of NaN and Inf, for each ``i``.
+
+    For stacked states (one client per row). A row whose sum is finite is finite: NaN and Inf propagate through a
+    sum, and overflow cannot make it finite again. One sum per row reads each tensor once, where ``torch.isfinite``
+    writes a mask of its whole size; only rows whose sum is not finite (diverged, or finite values that overflow)
+    are checked element by element.
+
+    Args:
+        tensors: Floating-point or complex tensors ``[rows, ...]``.
+        rows: The number of rows (the answer's length when ``tensors`` is empty).
+    """
+    tensors = list(tensors)
+    if not tensors:
+        return [True] * rows
+    flat = [t.detach().reshape(rows, -1) for t in tensors]
+    finite = torch.stack([t.sum(1).isfinite() for t in flat]).all(0)
+    suspects = (~finite).nonzero().flatten()
+    if suspects.numel():
+        exact = torch.stack([torch.isfinite(t.index_select(0, suspects)).all(1) for t in flat]).all(0)
+        finite[suspects] = exact
+    return finite.tolist()
+
+
 def is_float_entry(tensor: Tensor) -> bool:
     """Float tensors are averaged; integer ones (``num_batches_tracked``) are copied, never averaged."""
     return tensor.is_floating_point() or tensor.is_complex()

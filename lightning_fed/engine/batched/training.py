@@ -25,6 +25,7 @@ from lightning.pytorch import LightningModule
 from torch import Tensor
 
 from lightning_fed.context import ClientContext
+from lightning_fed.engine.batched.layout import GradientLayouts
 from lightning_fed.engine.batched.support import (
     GroupLogBuffer,
     TrainingStep,
@@ -37,7 +38,7 @@ from lightning_fed.engine.log_buffer import batch_size_of
 from lightning_fed.engine.step_counter import StepCounter
 from lightning_fed.engine.training_step import client_batches, loss_of
 from lightning_fed.functional.stacked_optim import StackedHyperparameters, hyperparameters, stacked_step_
-from lightning_fed.functional.state_dict import StateDict
+from lightning_fed.functional.state_dict import StateDict, finite_rows
 from lightning_fed.hooks import ClientGroup, GroupStep
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class ClientGroups:
         self._before = hooks.overriding("on_client_before_optimizer_step")
         self._after = hooks.overriding("on_client_after_optimizer_step")
         self._step_module = TrainingStep(module)
+        self.layouts = GradientLayouts()
 
     def groups(self, client_ids: Sequence[int]) -> list[list[int]]:
         """``client_ids`` in round order, cut into consecutive groups (single clients train alone)."""
@@ -126,10 +128,15 @@ class ClientGroups:
                 steps.setdefault(key, []).append(i)
             for (_, batch_idx, _), members in steps.items():
                 run.step(members, batch_idx, [fetched[i][1] for i in members])  # type: ignore[index]
-        finite = run.finite_clients()
+        # Per-client states are handed on contiguous, however the training laid the stacked tensors out.
+        stacked = {name: t.detach().contiguous() for name, t in run.stacked.items()}
+        for name, t in run.stacked.items():
+            if stacked[name].data_ptr() != t.data_ptr():
+                self.layouts.release(name, t)  # the clients' states are copies: the next group may reuse it
+        floats = [t for t in stacked.values() if t.is_floating_point() or t.is_complex()]
+        finite = finite_rows(floats, len(contexts))
         return [
-            ({name: t[i].detach() for name, t in run.stacked.items()}, run.logs.compute(i), finite[i])
-            for i in range(len(contexts))
+            ({name: t[i] for name, t in stacked.items()}, run.logs.compute(i), finite[i]) for i in range(len(contexts))
         ]
 
 
@@ -143,7 +150,9 @@ class _GroupRun:
         self.device = trainer.strategy.root_device
         contexts = group.contexts
         names = list(contexts[0].initial_params)
-        self.stacked: StateDict = {n: torch.stack([ctx.initial_params[n].detach() for ctx in contexts]) for n in names}
+        self.stacked: StateDict = {
+            n: owner.layouts.stack(n, [ctx.initial_params[n] for ctx in contexts]) for n in names
+        }
         self.optimizer = optimizer = trainer.optimizers[0]
         param_names = {id(p): n for n, p in module.named_parameters() if p.requires_grad}
         self.trainable = [n for n, p in module.named_parameters() if p.requires_grad]
@@ -174,6 +183,9 @@ class _GroupRun:
         leaves = [params[n] for n in self.trainable]
         found = torch.autograd.grad(loss.sum(), leaves, allow_unused=True)
         grads = {n: g if g is not None else torch.zeros_like(p) for n, p, g in zip(self.trainable, leaves, found)}
+        if index is None:
+            self.owner.layouts.adopt(self.stacked, grads)
+            params = self.stacked
         trainable = {n: params[n] for n in self.trainable}
 
         def log(position: int, name: str, value: Any) -> None:
@@ -232,17 +244,6 @@ class _GroupRun:
 
         loss, logged = torch.func.vmap(one_client, randomness="different")(params, batch)
         return (None if skipped else loss), logged, list(names), list(weights)
-
-    def finite_clients(self) -> list[bool]:
-        """Whether each client's floating-point state is free of NaN and Inf (one reduction per stacked tensor)."""
-        flags = [
-            torch.isfinite(t.detach()).reshape(t.shape[0], -1).all(1)
-            for t in self.stacked.values()
-            if t.is_floating_point() or t.is_complex()
-        ]
-        if not flags:
-            return [True] * len(self.group.contexts)
-        return torch.stack(flags).all(0).tolist()
 
     def _gather(self, index: Tensor) -> StateDict:
         with torch.no_grad():
