@@ -76,6 +76,10 @@ class RoundProgressBar(FedCallback, ProgressBar):
     def on_round_end(
         self, trainer: Any, pl_module: LightningModule, round_ctx: RoundContext, metrics: dict[str, float]
     ) -> None:
+        if distributed.world_size() == 1 and "clients/sampled" in metrics:
+            # The round's accepted clients, however they trained: in a deployment they train at their sites, where
+            # this process sees no on_client_end.
+            self._clients_done = int(metrics["clients/sampled"] - metrics.get("clients/rejected", 0.0))
         shown = headline(metrics)
         self._shown = {key.split("/")[-1].replace("_mean", "(clients)"): f"{value:.4f}" for key, value in shown.items()}
         self._refresh()

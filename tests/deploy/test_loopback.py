@@ -226,3 +226,11 @@ def test_an_algorithm_whose_server_reads_the_client_store_is_refused_before_any_
         serve(trainer, _module(), make_datamodule(NUM_CLIENTS), _Counting({}))
     assert contacted == []
     assert not (tmp_path / "server").exists()
+
+
+def test_the_server_progress_bar_counts_the_clients_the_sites_trained(tmp_path, capsys):
+    module = _module()
+    trainer = fast_trainer(tmp_path / "server", enable_progress_bar=True, **_settings("fedavg"))
+    serve(trainer, module, make_datamodule(NUM_CLIENTS), LoopbackTransport(_sites(tmp_path, "fedavg")))
+    shown = capsys.readouterr().out
+    assert "clients=3/3" in shown and "clients=0/3" not in shown.rsplit("\r", 1)[-1]
