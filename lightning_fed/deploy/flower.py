@@ -10,7 +10,7 @@ Both apps read the deployment from the Flower app directory that ``lightning-fed
 ``config.yaml`` and the run config in its ``pyproject.toml`` (``round-timeout``, ``resume``, ``workdir``,
 ``state-dir``). A SuperNode says which client it serves and where it keeps that client's state in its node config::
 
-    flower-supernode --insecure --superlink 127.0.0.1:9092 --node-config "client-id=0 state-dir='site-0-state'"
+    flower-supernode --insecure --superlink 127.0.0.1:8000 --node-config "client-id=0 state-dir='site-0-state'"
 
 (optionally ``data-config='site-data.yaml'``: a YAML whose ``data`` section replaces the app's at that site). In
 Flower's simulation engine, where nodes have no such config, a node serves the client of its ``partition-id`` and
