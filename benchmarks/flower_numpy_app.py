@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.flower_run import actor_data, backend_config, parse_run_args, write_run
+from benchmarks.flower_run import actor_data, parse_run_args, simulate
 from benchmarks.vs_flower_work import CASES, Case, client_batches, make_model, train_on_batches
 
 
@@ -137,18 +137,7 @@ def build_server_app(case: Case, args: argparse.Namespace, round_ends: list[floa
 
 
 def run(args: argparse.Namespace) -> None:
-    from flwr.simulation import run_simulation
-
-    case = CASES[args.case]
-    round_ends: list[float] = []
-    final: dict[str, torch.Tensor] = {}
-    run_simulation(
-        server_app=build_server_app(case, args, round_ends, final),
-        client_app=build_client_app(),
-        num_supernodes=case.num_clients,
-        backend_config=backend_config(args.workers),
-    )
-    write_run(args, round_ends, final)
+    simulate(args, build_server_app, build_client_app)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +69,24 @@ def write_run(args: argparse.Namespace, round_ends: list[float], final: dict[str
         raise RuntimeError(f"Flower finished {len(round_ends)} of {args.rounds} rounds; see its log above.")
     torch.save(final, args.out + ".pt")
     Path(args.out).write_text(json.dumps({"round_ends": round_ends}))
+
+
+def simulate(
+    args: argparse.Namespace,
+    build_server_app: Callable[[Any, argparse.Namespace, list[float], dict[str, torch.Tensor]], Any],
+    build_client_app: Callable[[], Any],
+) -> None:
+    """One run of ``vs_flower.py``'s Flower side in Flower's simulation engine, whichever API built the two apps:
+    ``build_server_app(case, args, round_ends, final)`` stamps each round's end and keeps the final weights."""
+    from flwr.simulation import run_simulation
+
+    case = CASES[args.case]
+    round_ends: list[float] = []
+    final: dict[str, torch.Tensor] = {}
+    run_simulation(
+        server_app=build_server_app(case, args, round_ends, final),
+        client_app=build_client_app(),
+        num_supernodes=case.num_clients,
+        backend_config=backend_config(args.workers),
+    )
+    write_run(args, round_ends, final)

@@ -10,7 +10,6 @@ as one process would: the same ``compute``, ``on_aggregate``, evaluation, loggin
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import LightningModule
@@ -22,7 +21,9 @@ from lightning_fed.deploy.wire import RoundTask
 from lightning_fed.engine.dispatch import HookDispatcher
 from lightning_fed.engine.rejection import reject_client
 from lightning_fed.engine.round import ClientSideFactory
+from lightning_fed.engine.schedulers import scheduler_snapshot
 from lightning_fed.engine.step_counter import StepCounter
+from lightning_fed.functional.state_dict import StateDict, clone_state
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView
@@ -60,7 +61,14 @@ class RemoteClients:
         nothing, as a diverged client does in simulation.
         """
         self.steps.start_round()
-        tasks = [self._task(round_ctx, client_id) for client_id in client_ids]
+        tasks = self._tasks(
+            round_ctx.round_idx,
+            client_ids,
+            list(round_ctx.client_ids),
+            dict(round_ctx.num_samples),
+            round_ctx.global_params,
+            schedulers=scheduler_snapshot(self.module.trainer),
+        )
         replies = self.transport.exchange(tasks)
         objects = algorithm_objects(self.trainer)
         dropped: list[int] = []
@@ -92,25 +100,9 @@ class RemoteClients:
         """Asks each client's site to evaluate the new global model (or the client's personalised model) on the
         client's test split; returns the results of the clients that have one, in ``client_ids`` order, and whether
         any model was personalised. A site that does not answer is left out of the round's client statistics."""
-        trainer = self.trainer
-        global_params = {name: value.detach().clone() for name, value in self.module.state_dict().items()}
-        broadcast_state = broadcast(trainer)
-        tasks = [
-            RoundTask(
-                round_idx=round_idx,
-                client_id=client_id,
-                client_ids=list(client_ids),
-                num_samples={},
-                seed=trainer.federation_state.seed,
-                global_params=global_params,
-                broadcast=broadcast_state,
-                committed_round=trainer.federation_state.completed_rounds - 1,
-                run_id=str(getattr(trainer, "fed_run_id", None) or ""),
-                fingerprint=self._fingerprint(),
-                evaluate=True,
-            )
-            for client_id in client_ids
-        ]
+        tasks = self._tasks(
+            round_idx, client_ids, list(client_ids), {}, clone_state(self.module.state_dict()), evaluate=True
+        )
         replies = self.transport.exchange(tasks)
         results: dict[int, dict[str, float]] = {}
         personalised = False
@@ -121,40 +113,42 @@ class RemoteClients:
                 personalised |= reply.personalised
         return results, personalised
 
-    def _fingerprint(self) -> dict[str, Any]:
-        if self._configuration is None:
-            trainer: Any = self.trainer
-            self._configuration = algorithm_fingerprint(trainer, self.module, getattr(trainer, "fed_fingerprint", None))
-        return self._configuration
-
-    def _task(self, round_ctx: RoundContext, client_id: int) -> RoundTask:
+    def _tasks(
+        self,
+        round_idx: int,
+        client_ids: list[int],
+        round_clients: list[int],
+        num_samples: dict[int, int],
+        global_params: StateDict,
+        schedulers: list[Any] | None = None,
+        evaluate: bool = False,
+    ) -> list[RoundTask]:
+        """One task per client of ``client_ids``; what they share (the broadcast state, the scheduler snapshot, the
+        configuration's fingerprint) is computed once and shared by every task of the round."""
         trainer = self.trainer
         state = trainer.federation_state
-        return RoundTask(
-            round_idx=round_ctx.round_idx,
-            client_id=client_id,
-            client_ids=list(round_ctx.client_ids),
-            num_samples=dict(round_ctx.num_samples),
-            seed=state.seed,
-            global_params=round_ctx.global_params,
-            broadcast=broadcast(trainer),
-            schedulers=_scheduler_state(self.module),
-            # The server checkpoints every round before the next one starts (the deployment's ModelCheckpoint).
-            committed_round=state.completed_rounds - 1,
-            run_id=str(getattr(trainer, "fed_run_id", None) or ""),
-            fingerprint=self._fingerprint(),
-        )
-
-
-def _scheduler_state(module: LightningModule) -> list[object]:
-    """The LR schedulers' state and the optimizers' hyperparameters at the round's start (what every client of the
-    round starts from; see :class:`~lightning_fed.engine.schedulers.RoundSchedulers`)."""
-    configs = module.trainer.lr_scheduler_configs
-    if not configs:
-        return []
-    optimizers = module.trainer.optimizers
-    groups = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in optimizers]
-    return copy.deepcopy([[config.scheduler.state_dict() for config in configs], groups])
+        if self._configuration is None:
+            view: Any = trainer
+            self._configuration = algorithm_fingerprint(view, self.module, getattr(view, "fed_fingerprint", None))
+        broadcast_state, run_id = broadcast(trainer), str(getattr(trainer, "fed_run_id", None) or "")
+        return [
+            RoundTask(
+                round_idx=round_idx,
+                client_id=client_id,
+                client_ids=round_clients,
+                num_samples=num_samples,
+                seed=state.seed,
+                global_params=global_params,
+                broadcast=broadcast_state,
+                schedulers=schedulers if schedulers is not None else [],
+                # The server checkpoints every round before the next one starts (the deployment's ModelCheckpoint).
+                committed_round=state.completed_rounds - 1,
+                run_id=run_id,
+                fingerprint=self._configuration,
+                evaluate=evaluate,
+            )
+            for client_id in client_ids
+        ]
 
 
 def remote_clients(transport: Transport) -> ClientSideFactory:

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from typing_extensions import override
 
@@ -39,6 +38,7 @@ from lightning_fed.deploy.site_store import SiteStateStore
 from lightning_fed.deploy.wire import RoundTask, SiteReply, decode, encode
 from lightning_fed.engine.client_half import Boundary
 from lightning_fed.engine.round import RoundRunner
+from lightning_fed.engine.schedulers import restore_schedulers
 from lightning_fed.engine.step_counter import StepCounter
 from lightning_fed.functional.state_dict import copy_state_
 from lightning_fed.run.setup_checks import check_federation_setup
@@ -80,6 +80,8 @@ class SiteTrainer(FederatedTrainer):
         self.task: RoundTask | None = None
         self.reply: SiteReply | None = None
         self.client_state: dict[str, Any] = {}
+        # Whether the task may have changed the client's state (training: always; an evaluation: if a hook wrote).
+        self.state_written = True
 
     @override
     def fit(self, model: LightningModule, *args: Any, datamodule: LightningDataModule | None = None, **kw: Any) -> None:
@@ -111,7 +113,8 @@ class _SiteRound(RoundRunner):
         trainer, task = self.trainer, self.trainer.task
         assert task is not None
         load_broadcast(trainer, task.broadcast)
-        _load_schedulers(trainer, task.schedulers)
+        if task.schedulers:
+            restore_schedulers(trainer, task.schedulers)
         copy_state_(self.live, task.global_params)
         store: ClientStateStore = trainer.federation_state.store
         for namespace, value in trainer.client_state.items():
@@ -119,6 +122,9 @@ class _SiteRound(RoundRunner):
         store.take_changes()
         if task.evaluate:
             trainer.reply = self._evaluate(task)
+            # The store's change log says whether a personalisation hook wrote anything: only then a new version.
+            changes = store.take_changes()
+            trainer.state_written = bool(changes["put"] or changes["pop"])
             trainer.client_state = self._client_state(task.client_id)
             return
         round_ctx = self.server.start_round(task.round_idx, task.client_ids, task.num_samples)
@@ -155,29 +161,6 @@ class _SiteRound(RoundRunner):
         return {ns: store.get(ns, client_id) for ns in store.namespaces() if store.has(ns, client_id)}
 
 
-def _same_state(a: Any, b: Any) -> bool:
-    """Whether two client states hold the same values (an evaluation that wrote nothing leaves no new version)."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b))
-    return bool(a == b)
-
-
-def _load_schedulers(trainer: Trainer, schedulers: list[Any]) -> None:
-    """Puts the LR schedulers and the optimizers' hyperparameters at the server's state of the round's start."""
-    if not schedulers:
-        return
-    states, hyperparameters = schedulers
-    for config, state in zip(trainer.lr_scheduler_configs, states):
-        config.scheduler.load_state_dict(state)
-    for optimizer, groups in zip(trainer.optimizers, hyperparameters):
-        for group, saved in zip(optimizer.param_groups, groups):
-            group.update(saved)
-
-
 class ClientSite:
     """One organisation's site: answers round tasks for its clients with the client half, keeping their state on disk.
 
@@ -205,16 +188,13 @@ class ClientSite:
         store = SiteStateStore(self.state_dir, task.client_id)
         trainer.task = task
         # Training starts from the committed state; an evaluation after round r reads round r's pending version.
-        before = store.latest(task.round_idx) if task.evaluate else store.load(task.committed_round)
-        trainer.client_state = before
+        trainer.client_state = store.latest(task.round_idx) if task.evaluate else store.load(task.committed_round)
         trainer.fit(module, datamodule=datamodule)
         if trainer.reply is None:
             raise RuntimeError(
                 f"The site's fit ended without running round {task.round_idx} of client {task.client_id}."
             )
-        if trainer.reply.rejected or not (trainer.client_state or store.versions()):
-            return trainer.reply
-        if not task.evaluate or not _same_state(trainer.client_state, before):
+        if not trainer.reply.rejected and trainer.state_written and (trainer.client_state or store.versions()):
             store.save(task.round_idx, trainer.client_state)
         return trainer.reply
 

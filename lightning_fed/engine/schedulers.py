@@ -14,6 +14,29 @@ if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView
 
 
+def scheduler_snapshot(trainer: Any) -> list[Any] | None:
+    """A deep copy of the LR schedulers' states and of the optimizers' hyperparameters they set (``lr``, OneCycle's
+    momentum, ...): where every client of a round starts from. ``None`` when the fit has no scheduler."""
+    configs = trainer.lr_scheduler_configs
+    if not configs:
+        return None
+    hyperparameters = [
+        [{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in trainer.optimizers
+    ]
+    return copy.deepcopy([[config.scheduler.state_dict() for config in configs], hyperparameters])
+
+
+def restore_schedulers(trainer: Any, snapshot: list[Any]) -> None:
+    """Puts the LR schedulers and the optimizers' hyperparameters back to a :func:`scheduler_snapshot` (which stays
+    untouched, so it can be restored again)."""
+    schedulers, groups = snapshot
+    for config, state in zip(trainer.lr_scheduler_configs, schedulers):
+        config.scheduler.load_state_dict(copy.deepcopy(state))
+    for optimizer, saved in zip(trainer.optimizers, groups):
+        for group, hyper in zip(optimizer.param_groups, saved):
+            group.update(copy.deepcopy(hyper))
+
+
 class RoundSchedulers:
     """The LR schedulers of a fit seen from a round: every client starts from the round's scheduler state, and a
     step-interval schedule advances by the local steps a client takes.
@@ -54,29 +77,17 @@ class RoundSchedulers:
 
     def open_round(self, round_idx: int) -> None:
         """Records the round's scheduler state; clients start from it."""
-        configs = self._configs()
         self._steppers = self._stepwise()
-        if not configs:
-            self._snapshot = None
-            return
-        optimizers = self.module.trainer.optimizers
-        hyperparameters = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in optimizers]
-        self._snapshot = copy.deepcopy([[config.scheduler.state_dict() for config in configs], hyperparameters])
-        if self._steppers:
+        self._snapshot = scheduler_snapshot(self.module.trainer)
+        if self._snapshot is not None and self._steppers:
             if self._per_round is None:
                 self._per_round = steps_per_round(client_step_counts(self.trainer))
             self._position = round_idx * self._per_round
 
     def start_client(self) -> None:
         """Puts the schedulers (and the hyperparameters they set) back to the round's state."""
-        if self._snapshot is None:
-            return
-        schedulers, groups = self._snapshot
-        for config, state in zip(self._configs(), schedulers):
-            config.scheduler.load_state_dict(copy.deepcopy(state))
-        for optimizer, saved in zip(self.module.trainer.optimizers, groups):
-            for group, hyper in zip(optimizer.param_groups, saved):
-                group.update(copy.deepcopy(hyper))
+        if self._snapshot is not None:
+            restore_schedulers(self.module.trainer, self._snapshot)
 
     def after_step(self, local_step: int) -> None:
         """Steps the step-interval schedulers after a client's ``local_step``-th optimizer step (from 1)."""
@@ -96,4 +107,4 @@ class RoundSchedulers:
                 config.scheduler.step()
 
 
-__all__ = ["RoundSchedulers"]
+__all__ = ["RoundSchedulers", "restore_schedulers", "scheduler_snapshot"]
