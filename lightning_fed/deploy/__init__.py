@@ -5,6 +5,7 @@
 * :mod:`~lightning_fed.deploy.site_store`: the clients' state at their site, versioned per round.
 * :mod:`~lightning_fed.deploy.remote`: the server's client side over a transport.
 * :mod:`~lightning_fed.deploy.transport`: the transport contract and the in-process loopback.
+* :mod:`~lightning_fed.deploy.secure_sum`: what travels masked under secure aggregation (the declared sums).
 * :mod:`~lightning_fed.deploy.server`: the server's fit.
 """
 
@@ -12,7 +13,7 @@ from lightning_fed.deploy.remote import RemoteClients, remote_clients
 from lightning_fed.deploy.server import check_server, serve
 from lightning_fed.deploy.site import ClientSite, SiteTrainer
 from lightning_fed.deploy.site_store import SiteStateStore
-from lightning_fed.deploy.transport import LoopbackTransport, Transport
+from lightning_fed.deploy.transport import LoopbackTransport, RoundReplies, Transport
 from lightning_fed.deploy.wire import WIRE_VERSION, RoundTask, SiteReply, decode, encode
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "ClientSite",
     "LoopbackTransport",
     "RemoteClients",
+    "RoundReplies",
     "RoundTask",
     "SiteReply",
     "SiteStateStore",

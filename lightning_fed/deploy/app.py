@@ -31,6 +31,16 @@ DEFAULT_RUN_CONFIG: dict[str, Any] = {
     "state-dir": "",
 }
 
+#: What ``--secagg`` adds to the run config: SecAgg+'s settings (:class:`~lightning_fed.deploy.flower.
+#: SecureGridTransport`), Flower's defaults for the fixed point (±8 in 2**22 levels).
+SECAGG_RUN_CONFIG: dict[str, Any] = {
+    "secagg": True,
+    "secagg-clipping-range": 8.0,
+    "secagg-quantization-range": 4194304,
+    "secagg-num-shares": 1.0,
+    "secagg-reconstruction-threshold": 0.67,
+}
+
 _README = """\
 # {name}: a lightning_fed deployment on Flower
 
@@ -43,6 +53,11 @@ site build from it. Run config (`pyproject.toml`, `[tool.flwr.app.config]`; over
 - `resume`: `true` resumes the newest run of this configuration from its last checkpoint (`--ckpt_path last`).
 - `workdir`: the server's working directory (where `default_root_dir` leads); default: the SuperLink's.
 - `state-dir`: where sites keep their clients' state when their node config sets none (simulation).
+- `secagg` (written by `--secagg`): the round's sums reach the server only as their total, under Flower's SecAgg+.
+  `secagg-clipping-range` c: every entry a site sums must lie in [-c, c] (a site beyond it rejects its own update and
+  says so); each client's value is rounded to a grid of step 2c / `secagg-quantization-range`.
+  `secagg-num-shares` and `secagg-reconstruction-threshold`: SecAgg+'s shares per secret and how many rebuild one
+  (fractions of the round's sites).
 
 Each site starts a SuperNode that names its client and its state directory (and, optionally, a YAML whose `data`
 section replaces this one's, to point the datamodule at the site's own files):
@@ -72,12 +87,18 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_RUN_CONFIG["round-timeout"],
         help="Seconds to wait for a round's replies before dropping the sites that have not replied (0: wait).",
     )
-    parser.add_argument("--secagg", action="store_true", help="Secure aggregation (SecAgg+); not built yet.")
+    parser.add_argument(
+        "--secagg",
+        action="store_true",
+        help="Secure aggregation: the server sees the round's sums only as their total (Flower's SecAgg+); refused"
+        " for algorithms that need more than sums.",
+    )
     return parser
 
 
-def resolved_config(configs: Sequence[str | Path]) -> str:
-    """The YAML that ``lightning-fed fit --config <each of configs>`` resolves, once checked as a deployment's server.
+def resolved_config(configs: Sequence[str | Path], secure: bool = False) -> str:
+    """The YAML that ``lightning-fed fit --config <each of configs>`` resolves, once checked as a deployment's server
+    (``secure``: under secure aggregation).
 
     Raises:
         Exception: What parsing, building or :func:`~lightning_fed.deploy.server.check_server` raised.
@@ -91,7 +112,7 @@ def resolved_config(configs: Sequence[str | Path]) -> str:
         args += ["--config", str(config)]
     cli = FederatedCLI(args=args, run=False, save_config_callback=None, parser_kwargs={"exit_on_error": False})
     assert isinstance(cli.trainer, FederatedTrainer)
-    check_server(cli.trainer)
+    check_server(cli.trainer, secure=secure)
     cli.check_before_run("fit")  # what `fit` checks before it writes anything, the server's data included
     text = cli.parser.dump(cli.config, skip_none=False, skip_check=True)
     return str(text)
@@ -145,9 +166,17 @@ def _toml_value(value: Any) -> str:
 
 
 def write_app(
-    configs: Sequence[str | Path], out: str | Path, *, name: str | None = None, round_timeout: float = 600.0
+    configs: Sequence[str | Path],
+    out: str | Path,
+    *,
+    name: str | None = None,
+    round_timeout: float = 600.0,
+    secagg: bool = False,
 ) -> Path:
     """Checks the configuration, then writes the Flower app directory ``out``; returns it.
+
+    With ``secagg`` the run config turns secure aggregation on (:data:`SECAGG_RUN_CONFIG`), and an algorithm that
+    needs more than sums is refused first.
 
     Raises:
         FileExistsError: If ``out`` exists and is not an empty directory (checked before anything is written).
@@ -156,9 +185,11 @@ def write_app(
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"--out {out} exists and is not an empty directory; name a new one.")
-    text = resolved_config(configs)
+    text = resolved_config(configs, secure=secagg)
     project = app_name(out, name)
     run_config = dict(DEFAULT_RUN_CONFIG, **{"round-timeout": float(round_timeout)})
+    if secagg:
+        run_config.update(SECAGG_RUN_CONFIG)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "config.yaml", text)
     write_text_atomic(out / "pyproject.toml", pyproject(project, run_config))
@@ -171,9 +202,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lightning_fed.cli.errors import HeldOutput, error_line, traceback_requested
 
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.secagg:
-        print(f"{PROGRAM}: --secagg is not built yet; write the app without it.", file=sys.stderr)
-        return 2
     if args.round_timeout < 0:
         print(
             f"{PROGRAM}: --round-timeout must be >= 0 (0: wait for every site); got {args.round_timeout}.",
@@ -184,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     held = HeldOutput()
     held.hold()
     try:
-        out = write_app(args.config, args.out, name=args.name, round_timeout=args.round_timeout)
+        out = write_app(args.config, args.out, name=args.name, round_timeout=args.round_timeout, secagg=args.secagg)
     except Exception as error:
         held.discard()
         if traceback_requested():
@@ -199,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["DEFAULT_RUN_CONFIG", "main", "pyproject", "resolved_config", "write_app"]
+__all__ = ["DEFAULT_RUN_CONFIG", "SECAGG_RUN_CONFIG", "main", "pyproject", "resolved_config", "write_app"]
 
 
 if __name__ == "__main__":

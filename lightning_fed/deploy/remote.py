@@ -5,7 +5,9 @@
 (sampled, ran ``on_round_start``, reset the aggregator), it sends each sampled client a
 :class:`~lightning_fed.deploy.wire.RoundTask`, and folds the replies' round state into the server's algorithm
 objects in round order (``CrossProcessState.absorb_round_state``), so that the server half closes the round exactly
-as one process would: the same ``compute``, ``on_aggregate``, evaluation, logging and checkpoint.
+as one process would: the same ``compute``, ``on_aggregate``, evaluation, logging and checkpoint. Under secure
+aggregation the sums arrive as one total over the round's replies (:mod:`~lightning_fed.deploy.secure_sum`), folded
+in once.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from lightning.pytorch import LightningModule
 
 from lightning_fed.context import ClientShare, RoundContext
 from lightning_fed.deploy.algorithms import algorithm_fingerprint, algorithm_objects, broadcast
+from lightning_fed.deploy.secure_sum import rebuild_sums, summed_state
 from lightning_fed.deploy.transport import Transport
 from lightning_fed.deploy.wire import RoundTask
 from lightning_fed.engine.dispatch import HookDispatcher
@@ -69,7 +72,8 @@ class RemoteClients:
             round_ctx.global_params,
             schedulers=scheduler_snapshot(self.module.trainer),
         )
-        replies = self.transport.exchange(tasks)
+        received = self.transport.exchange(tasks)
+        replies, secure = received.replies, self.transport.secure_range is not None
         objects = algorithm_objects(self.trainer)
         dropped: list[int] = []
         share = ClientShare(dropped=dropped)
@@ -87,11 +91,18 @@ class RemoteClients:
                 reject_client(self.trainer, round_ctx, client_id)
             else:
                 for key, obj in objects.items():
-                    obj.absorb_round_state(reply.round_state[key])
+                    # Under secure aggregation a reply holds what is not a sum; the sums come as one total below.
+                    obj.absorb_round_state(reply.round_state[key], partial=secure)
                 share.train_metrics[client_id] = reply.train_metrics
             self.steps.add(reply.steps)
             round_ctx.bytes_up += reply.bytes_up
             round_ctx.bytes_down += reply.bytes_down
+        if received.secure_sum is not None:
+            # The round's sums over every reply (a rejected client added zeros), rebuilt in the server's declared
+            # structure and folded in once.
+            totals = rebuild_sums(summed_state(objects), received.secure_sum)
+            for key, obj in objects.items():
+                obj.absorb_round_state(totals[key], partial=True)
         share.rejected = list(round_ctx.rejected)
         share.steps = self.steps.round_steps
         return share
@@ -103,7 +114,7 @@ class RemoteClients:
         tasks = self._tasks(
             round_idx, client_ids, list(client_ids), {}, clone_state(self.module.state_dict()), evaluate=True
         )
-        replies = self.transport.exchange(tasks)
+        replies = self.transport.exchange(tasks).replies
         results: dict[int, dict[str, float]] = {}
         personalised = False
         for client_id in client_ids:
@@ -146,6 +157,7 @@ class RemoteClients:
                 run_id=run_id,
                 fingerprint=self._configuration,
                 evaluate=evaluate,
+                secure_range=None if evaluate else self.transport.secure_range,
             )
             for client_id in client_ids
         ]

@@ -13,15 +13,22 @@ from lightning.pytorch import LightningDataModule, LightningModule
 
 from lightning_fed.deploy.algorithms import check_deployable
 from lightning_fed.deploy.remote import remote_clients
+from lightning_fed.deploy.secure_sum import check_secure_aggregation
 from lightning_fed.deploy.transport import Transport
 from lightning_fed.trainer import FederatedTrainer
 
 
-def check_server(trainer: FederatedTrainer) -> None:
+def check_server(trainer: FederatedTrainer, secure: bool = False) -> None:
     """Refuses, in one line each, the server settings a deployment cannot run.
 
+    Args:
+        trainer: The server's trainer.
+        secure: Whether the deployment runs secure aggregation
+            (:func:`~lightning_fed.deploy.secure_sum.check_secure_aggregation`).
+
     Raises:
-        ValueError: With several server processes, or an algorithm whose server reads the clients' stored state.
+        ValueError: With several server processes, an algorithm whose server reads the clients' stored state, or
+            (``secure``) one that needs more than sums.
     """
     if trainer.world_size > 1:
         raise ValueError(
@@ -29,6 +36,8 @@ def check_server(trainer: FederatedTrainer) -> None:
             " processes: drop `strategy`/`devices`/`num_nodes` from the server's trainer settings."
         )
     check_deployable(trainer)
+    if secure:
+        check_secure_aggregation(trainer)
 
 
 def serve(
@@ -47,7 +56,7 @@ def serve(
         transport: Reaches the client sites.
         ckpt_path: As for ``FederatedTrainer.fit`` (``"last"`` resumes the newest run of this configuration).
     """
-    check_server(trainer)
+    check_server(trainer, secure=transport.secure_range is not None)
     trainer.client_side = remote_clients(transport)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
 

@@ -11,8 +11,9 @@ message, so nothing is kept in memory between tasks), and runs one Lightning ``f
    reset), with the server's sampled clients and seed, so the site's algorithms hold what the server's held;
 3. the **same** client half as in simulation trains the client (``ClientHalf.run``), checks its update, runs the
    per-client hooks and folds the update into the declared round state;
-4. the round state goes back in a :class:`~lightning_fed.deploy.wire.SiteReply`, and the client's store entries are
-   written as the round's pending version.
+4. the round state goes back in a :class:`~lightning_fed.deploy.wire.SiteReply` (under secure aggregation its sums
+   apart, for masking: :mod:`~lightning_fed.deploy.secure_sum`), and the client's store entries are written as the
+   round's pending version.
 
 A site is a DDP rank whose share is one client: the server folds the replies in round order and closes the round as
 one process would.
@@ -20,11 +21,13 @@ one process would.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from torch import Tensor
 from typing_extensions import override
 
 from lightning_fed.client_store import ClientStateStore
@@ -34,6 +37,7 @@ from lightning_fed.deploy.algorithms import (
     check_same_configuration,
     load_broadcast,
 )
+from lightning_fed.deploy.secure_sum import clear_state, out_of_range, sum_leaves, summed_state, zero_sums
 from lightning_fed.deploy.site_store import SiteStateStore
 from lightning_fed.deploy.wire import RoundTask, SiteReply, decode, encode
 from lightning_fed.engine.client_half import Boundary
@@ -130,15 +134,36 @@ class _SiteRound(RoundRunner):
         round_ctx = self.server.start_round(task.round_idx, task.client_ids, task.num_samples)
         share = self.client.run(round_ctx, [task.client_id])
         trainer.client_state = self._client_state(task.client_id)
+        objects = algorithm_objects(trainer)
+        rejected = task.client_id in share.rejected
+        secure_sums: list[Tensor] = []
+        if task.secure_range is None:
+            round_state = {key: obj.round_state() for key, obj in objects.items()}
+        else:
+            round_state, sums = clear_state(objects), summed_state(objects)
+            beyond = None if rejected else out_of_range(sums, task.secure_range)
+            if beyond is not None:
+                # Clipping would change the sum without a word: the client leaves the round instead, as a diverged
+                # client does, and says which setting to change.
+                print(
+                    f"[lightning_fed] Client {task.client_id} rejects its update of round {task.round_idx}: {beyond},"
+                    f" beyond secure aggregation's fixed-point range ±{task.secure_range:g}. Raise"
+                    " `secagg-clipping-range` in the app's run config (each step of the grid grows with it).",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                rejected = True
+            secure_sums = sum_leaves(zero_sums(sums) if rejected else sums)
         trainer.reply = SiteReply(
             round_idx=task.round_idx,
             client_id=task.client_id,
-            round_state={key: obj.round_state() for key, obj in algorithm_objects(trainer).items()},
-            train_metrics=share.train_metrics.get(task.client_id, {}),
-            rejected=task.client_id in share.rejected,
+            round_state=round_state,
+            train_metrics={} if rejected else share.train_metrics.get(task.client_id, {}),
+            rejected=rejected,
             steps=share.steps,
             bytes_up=share.bytes_up,
             bytes_down=share.bytes_down,
+            secure_sums=secure_sums,
         )
 
     def _evaluate(self, task: RoundTask) -> SiteReply:

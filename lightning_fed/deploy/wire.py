@@ -23,7 +23,7 @@ import torch
 from lightning_fed.functional.state_dict import StateDict
 
 #: The version of the message layout; a site and a server must agree on it.
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 
 
 @dataclass
@@ -48,6 +48,9 @@ class RoundTask:
             configuration refuses the task.
         evaluate: Evaluate instead of training: the global model after the round's aggregation (or the client's
             personalised model, as the callbacks' ``on_client_evaluate_start`` decide) on the client's test split.
+        secure_range: Under secure aggregation, the range ±c every entry of the client's sums must fit
+            (the reply then carries its sums apart, in :attr:`SiteReply.secure_sums`, for masking); ``None``: no
+            secure aggregation.
         version: :data:`WIRE_VERSION` of the sender.
     """
 
@@ -63,6 +66,7 @@ class RoundTask:
     run_id: str = ""
     fingerprint: dict[str, Any] = field(default_factory=dict)
     evaluate: bool = False
+    secure_range: float | None = None
     version: int = WIRE_VERSION
 
 
@@ -73,7 +77,8 @@ class SiteReply:
     Attributes:
         round_idx: The round it answers.
         client_id: The client it trained.
-        round_state: Each algorithm's declared round state after the client, unreduced, by algorithm key.
+        round_state: Each algorithm's declared round state after the client, unreduced, by algorithm key; under
+            secure aggregation only what is not a sum.
         train_metrics: The client's training metrics (empty when its update was rejected).
         rejected: Whether the client's update was rejected (non-finite) and left out of the round state.
         steps: Optimizer steps the client took.
@@ -82,6 +87,9 @@ class SiteReply:
         eval_metrics: An evaluation task's results on the client's test split; ``None`` when the client has none
             (or the task trained).
         personalised: Whether the evaluated model was the client's personalised one.
+        secure_sums: Under secure aggregation, the client's sums as float64 arrays
+            (:func:`~lightning_fed.deploy.secure_sum.sum_leaves`), zero when it was rejected; they never reach the
+            server one by one: the transport masks them. Empty otherwise.
         version: :data:`WIRE_VERSION` of the sender.
     """
 
@@ -95,6 +103,7 @@ class SiteReply:
     bytes_down: int
     eval_metrics: dict[str, float] | None = None
     personalised: bool = False
+    secure_sums: list[torch.Tensor] = field(default_factory=list)
     version: int = WIRE_VERSION
 
 

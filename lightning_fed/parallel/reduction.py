@@ -277,7 +277,12 @@ class CrossProcessState:
         the server (see :meth:`absorb_round_state`)."""
         return {name: getattr(self, name) for name in self._declared_round_state()}
 
-    def absorb_round_state(self, values: Mapping[str, Any]) -> None:
+    def round_state_reductions(self) -> dict[str, Reduction]:
+        """How each round state declared this round combines (``"sum"``, ``"merge"``, ``"last"``), in declaration
+        order: what a deployment under secure aggregation masks (the sums) and sends in clear (the rest)."""
+        return {name: spec.reduce for name, spec in self._declared_round_state().items()}
+
+    def absorb_round_state(self, values: Mapping[str, Any], partial: bool = False) -> None:
         """Folds another share's unreduced round state (its :meth:`round_state`) into this object's.
 
         A deployment's server folds each client site's round state in, in round order, into the state its own
@@ -286,17 +291,24 @@ class CrossProcessState:
         union, a last keeps the higher position. Afterwards :meth:`reduce_round_state` in one process changes
         nothing.
 
+        Args:
+            values: The share's round state, by name.
+            partial: Whether ``values`` may name only part of the declared round state: under secure aggregation
+                the server folds the masked sums of every client at once and each client's clear state apart.
+
         Raises:
-            ValueError: If ``values`` names other round state than this round declared, a sum's structure differs,
-                or a merge key is in both.
+            ValueError: If ``values`` names other round state than this round declared (or, unless ``partial``,
+                less), a sum's structure differs, or a merge key is in both.
         """
         declared = self._declared_round_state()
-        if set(values) != set(declared):
+        if not set(values) <= set(declared) or (not partial and set(values) != set(declared)):
             raise ValueError(
                 f"{type(self).__name__} received round state {sorted(values)} but declared {sorted(declared)} this"
                 " round: the client site and the server must run the same algorithm configuration."
             )
         for name, spec in declared.items():
+            if name not in values:
+                continue
             mine, theirs = getattr(self, name), values[name]
             if spec.reduce == "sum":
                 if _structure(theirs, name) != spec.structure:

@@ -58,10 +58,17 @@ def test_an_unknown_key_is_refused_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "app").exists()
 
 
-def test_secagg_and_a_used_directory_are_refused(tmp_path, capsys):
+def test_secagg_turns_secure_aggregation_on_in_the_run_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path, "scaffold")
+    assert main(["--config", str(config), "--out", "app", "--secagg"]) == 0
+    settings = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert settings["secagg"] is True and settings["secagg-clipping-range"] == 8.0
+    assert settings["secagg-quantization-range"] == 2**22
+
+
+def test_a_used_directory_is_refused(tmp_path, capsys):
     config = write_config(tmp_path)
-    assert main(["--config", str(config), "--out", str(tmp_path / "app"), "--secagg"]) == 2
-    assert "not built yet" in capsys.readouterr().err and not (tmp_path / "app").exists()
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "keep.txt").write_text("x")
     assert main(["--config", str(config), "--out", str(tmp_path / "used")]) == 2

@@ -78,31 +78,41 @@ def _task(client_id: int, round_idx: int = 0) -> RoundTask:
 def test_clients_are_found_once_and_a_missing_reply_drops_its_client():
     grid = FakeGrid({101: 0, 102: 1, 103: 2}, silent=frozenset({1}))
     transport = GridTransport(grid, timeout=5.0)  # type: ignore[arg-type]
-    replies = transport.exchange([_task(0), _task(1), _task(2)])
+    replies = transport.exchange([_task(0), _task(1), _task(2)]).replies
     assert sorted(replies) == [0, 2] and replies[2].client_id == 2 and replies[0].steps == 3
     assert transport.nodes == {0: 101, 1: 102, 2: 103}
     queries, tasks = grid.sent
     assert {m.metadata.message_type for m in queries} == {"query"}
     assert [m.metadata.dst_node_id for m in tasks] == [101, 102, 103]
     assert {m.metadata.group_id for m in tasks} == {"0"} and grid.timeouts == [5.0, 5.0]
+    assert {m.metadata.message_type for m in tasks} == {"train"}
     # The next round sends the tasks only: the nodes were asked once.
     transport.exchange([_task(0, 1), _task(2, 1)])
     assert len(grid.sent) == 3 and [m.metadata.dst_node_id for m in grid.sent[2]] == [101, 103]
 
 
+def test_an_evaluation_travels_as_an_evaluate_message_and_nothing_is_summed_in_secret():
+    grid = FakeGrid({101: 0})
+    task = _task(0)
+    task.evaluate = True
+    received = GridTransport(grid).exchange([task])  # type: ignore[arg-type]
+    assert grid.sent[-1][0].metadata.message_type == "evaluate"
+    assert list(received.replies) == [0] and received.secure_sum is None
+
+
 def test_a_restarted_node_is_asked_and_a_client_without_a_node_is_dropped():
     grid = FakeGrid({101: 0, 102: 1})
     transport = GridTransport(grid)  # type: ignore[arg-type]
-    assert sorted(transport.exchange([_task(0), _task(1), _task(2)])) == [0, 1]  # nobody serves client 2
+    assert sorted(transport.exchange([_task(0), _task(1), _task(2)]).replies) == [0, 1]  # nobody serves client 2
     grid.clients_of_nodes = {101: 0, 205: 1}  # client 1's SuperNode came back under a new node id
-    assert sorted(transport.exchange([_task(0, 1), _task(1, 1)])) == [0, 1]
+    assert sorted(transport.exchange([_task(0, 1), _task(1, 1)]).replies) == [0, 1]
     assert transport.nodes == {0: 101, 1: 205}
 
 
 def test_a_failed_task_drops_its_client(capsys):
     grid = FakeGrid({101: 0, 102: -1})
     transport = GridTransport(grid)  # type: ignore[arg-type]
-    assert sorted(transport.exchange([_task(0), _task(-1)])) == [0]
+    assert sorted(transport.exchange([_task(0), _task(-1)]).replies) == [0]
     assert "boom" in capsys.readouterr().err
 
 
@@ -122,7 +132,7 @@ def test_the_flower_api_used_is_the_one_written_against():
     """Fails loudly when Flower changes a signature lightning_fed.deploy.flower relies on (pin: flwr>=1.42,<1.43)."""
     assert list(inspect.signature(Grid.send_and_receive).parameters) == ["self", "messages", "timeout"]
     assert "get_node_ids" in vars(Grid)
-    for handler in (ClientApp.train, ClientApp.query):
+    for handler in (ClientApp.train, ClientApp.evaluate, ClientApp.query):
         assert list(inspect.signature(handler).parameters)[:2] == ["self", "action"]
     message = inspect.signature(Message.__init__).parameters
     assert {"dst_node_id", "message_type", "group_id", "reply_to"} <= set(message)

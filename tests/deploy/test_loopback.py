@@ -15,6 +15,7 @@ from lightning_fed.aggregators import FedAvg, QFedAvg
 from lightning_fed.callbacks import APFL, FedCurv, FedProx, Scaffold
 from lightning_fed.deploy import ClientSite, LoopbackTransport, RemoteClients, RoundTask, SiteTrainer, serve
 from lightning_fed.deploy.site_store import SiteStateStore
+from lightning_fed.deploy.transport import RoundReplies
 
 NUM_CLIENTS = 4
 
@@ -80,19 +81,40 @@ def test_a_loopback_deployment_equals_the_simulated_fit(tmp_path, algorithm):
     assert not torch.equal(deployed["net.0.weight"], _module().state_dict()["net.0.weight"])
 
 
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold+fedcurv", "apfl"])
+def test_sums_that_reach_the_server_only_as_their_total_give_the_simulated_fit(tmp_path, algorithm):
+    """The data path of secure aggregation without its rounding: each site's sums travel apart and the server folds
+    their total in once, in the structure it declared."""
+    transport = _RecordingTransport(_sites(tmp_path, algorithm), secure_range=8.0)
+    deployed = _deployed(tmp_path, algorithm, transport)
+    simulated = _simulated(tmp_path, algorithm)
+    for name, value in simulated.items():
+        torch.testing.assert_close(deployed[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    # What the server saw of each reply: no sum, only the integer buffers the round copies from its last client.
+    for reply in transport.replies:
+        assert reply.secure_sums == [] and set(reply.round_state["aggregator"]) == {"_last_integer_entries"}
+
+
+def test_an_algorithm_that_needs_more_than_sums_is_refused_under_secure_aggregation(tmp_path):
+    trainer = fast_trainer(tmp_path / "server", **_settings("qfedavg"))
+    transport = LoopbackTransport(_sites(tmp_path, "qfedavg"), secure_range=8.0)
+    with pytest.raises(ValueError, match=r"QFedAvg \(aggregator\) cannot run under secure aggregation"):
+        serve(trainer, _module(), make_datamodule(NUM_CLIENTS), transport)
+
+
 class _RecordingTransport(LoopbackTransport):
     """The loopback, keeping every task and reply it carried."""
 
-    def __init__(self, sites: dict[int, ClientSite]) -> None:
-        super().__init__(sites)
+    def __init__(self, sites: dict[int, ClientSite], secure_range: float | None = None) -> None:
+        super().__init__(sites, secure_range)
         self.tasks: list[RoundTask] = []
         self.replies: list[Any] = []
 
-    def exchange(self, tasks: list[RoundTask]) -> dict[int, Any]:
+    def exchange(self, tasks: list[RoundTask]) -> RoundReplies:
         self.tasks += tasks
-        replies = super().exchange(tasks)
-        self.replies += list(replies.values())
-        return replies
+        received = super().exchange(tasks)
+        self.replies += list(received.replies.values())
+        return received
 
 
 def test_no_client_store_namespace_leaves_a_site(tmp_path):
@@ -215,7 +237,7 @@ def test_an_algorithm_whose_server_reads_the_client_store_is_refused_before_any_
     contacted: list[int] = []
 
     class _Counting(LoopbackTransport):
-        def exchange(self, tasks: list[RoundTask]) -> dict[int, Any]:
+        def exchange(self, tasks: list[RoundTask]) -> RoundReplies:
             contacted.extend(task.client_id for task in tasks)
             return super().exchange(tasks)
 
