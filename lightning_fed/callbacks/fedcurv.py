@@ -120,6 +120,9 @@ class FedCurv(ParameterPenalty, CrossProcessState):
 
     # Each client's Fisher statistics u, v, w are summed at the server without noise.
     sends_client_data_to_server = True
+    # Measured under SecAgg+'s 22-bit fixed point on ±8 (MNIST-1D CNN, 3 clients, 5 rounds): 27 % of U's entries,
+    # 59 % of V's and 93 % of W's lie below one grid step, and the masked sums miss the plain ones by 2-3 % in norm.
+    sums_fit_fixed_point = False
 
     namespace = "fedcurv"
 

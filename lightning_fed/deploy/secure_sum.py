@@ -18,7 +18,9 @@ change a sum silently: a site whose sums leave :math:`[-c, c]` rejects its own u
 
 Only algorithms whose round state is all sums (``round_state_is_sum``) can run this way:
 :func:`check_secure_aggregation` refuses the others (robust rules read every update, FedAMP and rFedAvg every
-client's model, q-FedAvg every client's loss) before anything runs.
+client's model, q-FedAvg every client's loss) before anything runs, and sums that the fixed point cannot hold
+(``sums_fit_fixed_point``): FedCurv's Fisher statistics span about seven decades, and most of their entries fall below
+one grid step (measured: 27 % of U's, 59 % of V's, 93 % of W's entries after 5 rounds of a small CNN).
 """
 
 from __future__ import annotations
@@ -153,6 +155,12 @@ def check_secure_aggregation(trainer: FederatedTrainerView) -> None:
                 " own contribution (a per-client update, loss or model), and SecAgg+ reveals only sums over the"
                 " round's clients. Drop --secagg, or choose an algorithm whose round state is all sums (FedAvg and"
                 " the server optimizers, FedProx, SCAFFOLD, FedGG, DP-FedAvg, the fine-tuning family)."
+            )
+        if not obj.sums_fit_fixed_point:
+            raise ValueError(
+                f"{type(obj).__name__} ({key}) cannot run under secure aggregation: its sums span more decades than"
+                " SecAgg+'s fixed point holds (most entries would fall below one step of the grid and be rounding"
+                " noise). Drop --secagg for it."
             )
     clients_per_round = trainer.sampler.clients_per_round  # type: ignore[attr-defined]
     if isinstance(clients_per_round, int) and clients_per_round < 2:

@@ -204,12 +204,16 @@ class CrossProcessState:
         server_reads_client_store: Whether the algorithm's server side reads clients' entries of the client store
             (FedAMP's every ``w_i``, rFedAvg's every ``δ_i``): such state cannot stay at the client sites of a
             deployment, which refuses the algorithm.
+        sums_fit_fixed_point: Whether the sums keep their meaning in secure aggregation's fixed point (each entry
+            within ±8, rounded to a grid of step 16/2**22 ≈ 3.8e-6). False for sums whose entries span more decades
+            than the grid holds (FedCurv's Fisher statistics): a deployment refuses them under secure aggregation.
     """
 
     client_state_namespaces: ClassVar[tuple[str, ...]] = ()
     broadcast_keys: ClassVar[tuple[str, ...] | None] = None
     round_state_is_sum: ClassVar[bool] = True
     server_reads_client_store: ClassVar[bool] = False
+    sums_fit_fixed_point: ClassVar[bool] = True
 
     def broadcast_state(self) -> dict[str, Any]:
         """What a client needs of this algorithm's server state each round: ``state_dict()`` limited to

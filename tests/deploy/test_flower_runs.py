@@ -1,5 +1,6 @@
 """lightning_fed on real Flower processes equals ``lightning-fed fit``: Flower's simulation engine (FedAvg, FedProx,
-SCAFFOLD) and a local deployment (1 SuperLink and 3 SuperNodes, separate processes on loopback).
+SCAFFOLD; FedAvg under SecAgg+ up to its rounding) and a local deployment (1 SuperLink and 3 SuperNodes, separate
+processes on loopback).
 
 Everything runs offline: ``FLWR_HOME`` in the test's directory, telemetry and the update check off, and no runtime
 dependency installation (the SuperLink's ``--disable-runtime-dependency-installation``; a SuperNode's is off by
@@ -172,6 +173,22 @@ def test_the_simulation_engine_equals_the_fit(simulation, tmp_path, monkeypatch,
     deployed, summary = _deployed(workdir)
     assert summary["completed_rounds"] == 3 and summary["rejected_clients_total"] == 0
     _assert_equal(deployed, _fitted(tmp_path, config, monkeypatch))
+
+
+@pytest.mark.timeout(900)
+def test_secure_aggregation_on_the_simulation_engine_stays_within_1e4_of_the_fit(simulation, tmp_path, monkeypatch):
+    """SecAgg+'s four exchanges per round through Flower's runtime: the model after 3 rounds is the fit's up to the
+    fixed point's rounding."""
+    env, _ = simulation
+    config = write_config(tmp_path, "fedavg")
+    app = write_app([config], tmp_path / "app", name="sim-secagg", secagg=True)
+    workdir, state = tmp_path / "server", tmp_path / "site-state"
+    _flwr_run(env, app, "sim", f"workdir='{workdir}' state-dir='{state}'", timeout=600)
+    deployed, summary = _deployed(workdir)
+    assert summary["completed_rounds"] == 3 and summary["rejected_clients_total"] == 0
+    fitted = _fitted(tmp_path, config, monkeypatch)
+    largest = max(float((deployed[name].double() - value.double()).abs().max()) for name, value in fitted.items())
+    assert 0.0 < largest <= 1e-4
 
 
 @pytest.mark.timeout(900)

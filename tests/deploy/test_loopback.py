@@ -81,7 +81,7 @@ def test_a_loopback_deployment_equals_the_simulated_fit(tmp_path, algorithm):
     assert not torch.equal(deployed["net.0.weight"], _module().state_dict()["net.0.weight"])
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold+fedcurv", "apfl"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "apfl"])
 def test_sums_that_reach_the_server_only_as_their_total_give_the_simulated_fit(tmp_path, algorithm):
     """The data path of secure aggregation without its rounding: each site's sums travel apart and the server folds
     their total in once, in the structure it declared."""
@@ -95,11 +95,21 @@ def test_sums_that_reach_the_server_only_as_their_total_give_the_simulated_fit(t
         assert reply.secure_sums == [] and set(reply.round_state["aggregator"]) == {"_last_integer_entries"}
 
 
-def test_an_algorithm_that_needs_more_than_sums_is_refused_under_secure_aggregation(tmp_path):
-    trainer = fast_trainer(tmp_path / "server", **_settings("qfedavg"))
-    transport = LoopbackTransport(_sites(tmp_path, "qfedavg"), secure_range=8.0)
-    with pytest.raises(ValueError, match=r"QFedAvg \(aggregator\) cannot run under secure aggregation"):
+@pytest.mark.parametrize(
+    ("algorithm", "reason"),
+    [
+        ("qfedavg", r"QFedAvg \(aggregator\) cannot run under secure aggregation: its server reads each client's"),
+        ("scaffold+fedcurv", r"FedCurv \(callback-1-FedCurv\) cannot run under secure aggregation: its sums span"),
+    ],
+)
+def test_an_algorithm_secure_aggregation_cannot_carry_is_refused_before_any_site_is_reached(
+    tmp_path, algorithm, reason
+):
+    trainer = fast_trainer(tmp_path / "server", **_settings(algorithm))
+    transport = _RecordingTransport(_sites(tmp_path, algorithm), secure_range=8.0)
+    with pytest.raises(ValueError, match=reason):
         serve(trainer, _module(), make_datamodule(NUM_CLIENTS), transport)
+    assert transport.tasks == []
 
 
 class _RecordingTransport(LoopbackTransport):

@@ -15,11 +15,10 @@ from helpers.flower_configs import write_config
 pytest.importorskip("flwr", reason="Flower is the `flower` extra: pip install -e '.[flower]'")
 
 from flwr.supercore.task_identity import TaskIdentity
-from helpers.flower_inprocess import InProcessGrid, server_context
 
 from lightning_fed.deploy.app import main, write_app
 from lightning_fed.deploy.config import build_from_config
-from lightning_fed.deploy.flower import GridTransport, SecureGridTransport, client_app
+from lightning_fed.deploy.flower import GridTransport, InProcessGrid, SecureGridTransport, client_app, server_context
 from lightning_fed.deploy.secure_sum import quantisation_bound
 from lightning_fed.deploy.server import serve
 

@@ -1,0 +1,154 @@
+"""lightning_fed's ServerApp and ClientApp: the server's fit over the sites, and a site's answer to each task."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.client.mod import secaggplus_mod
+from flwr.clientapp import ClientApp
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.compat.common import recorddict_compat
+from flwr.serverapp import Grid, ServerApp
+
+from lightning_fed.deploy.app import SECAGG_RUN_CONFIG
+from lightning_fed.deploy.flower.grid_transport import GridTransport
+from lightning_fed.deploy.flower.secure_transport import SecureGridTransport
+from lightning_fed.deploy.flower.settings import (
+    APP_CONFIG,
+    CLIENT_ID_KEY,
+    LEGACY_TASK,
+    RECORD,
+    REPLY_KEY,
+    TASK_KEY,
+    client_id_of,
+    find_app_dir,
+    payload,
+    round_timeout,
+    setting,
+    state_dir_of,
+)
+from lightning_fed.deploy.wire import RoundTask, SiteReply, decode, encode
+
+server_app = ServerApp()
+client_app = ClientApp()
+
+
+def transport_of(grid: Grid, context: Context) -> GridTransport:
+    """The run's transport: a :class:`SecureGridTransport` when the run config sets ``secagg``, with its
+    ``secagg-clipping-range``, ``secagg-quantization-range``, ``secagg-num-shares`` and
+    ``secagg-reconstruction-threshold``; else a plain :class:`GridTransport`."""
+    run_config = context.run_config
+    timeout = round_timeout(run_config)
+    if not bool(setting(run_config, "secagg", False)):
+        return GridTransport(grid, timeout=timeout)
+    settings = {key: setting(run_config, key, default) for key, default in SECAGG_RUN_CONFIG.items()}
+    return SecureGridTransport(
+        grid,
+        context,
+        timeout,
+        clipping_range=float(settings["secagg-clipping-range"]),
+        quantization_range=int(settings["secagg-quantization-range"]),
+        num_shares=settings["secagg-num-shares"],
+        reconstruction_threshold=settings["secagg-reconstruction-threshold"],
+    )
+
+
+@server_app.main()
+def server_main(grid: Grid, context: Context) -> None:
+    """Builds the server from the app's ``config.yaml`` and runs the fit with the clients trained at the sites.
+
+    Run config: ``round-timeout`` (seconds, ``0``: wait for every reply), ``resume`` (``true``: resume the newest
+    run of this configuration, as ``--ckpt_path last``), ``workdir`` (where relative paths of the config, such as
+    ``default_root_dir``, lead; default: the SuperLink's working directory), ``secagg`` and its settings
+    (:func:`transport_of`).
+    """
+    from lightning_fed.deploy.config import build_from_config
+    from lightning_fed.deploy.server import serve
+
+    run_config = context.run_config
+    config = find_app_dir() / APP_CONFIG
+    workdir = setting(run_config, "workdir", "")
+    if workdir:
+        Path(str(workdir)).mkdir(parents=True, exist_ok=True)
+        os.chdir(str(workdir))
+    module, datamodule, trainer = build_from_config([config])
+    transport = transport_of(grid, context)
+    resume = bool(setting(run_config, "resume", False))
+    serve(trainer, module, datamodule, transport, ckpt_path="last" if resume else None)
+
+
+@client_app.query()
+def client_query(message: Message, context: Context) -> Message:
+    """Answers which client this SuperNode serves."""
+    client_id = client_id_of(context.node_config)
+    return Message(RecordDict({RECORD: ConfigRecord({CLIENT_ID_KEY: client_id})}), reply_to=message)
+
+
+def _secure_aggregation(message: Message, context: Context, call_next: Any) -> Message:
+    """Flower's SecAgg+ client mod for the messages of its workflow (they carry its stage); others pass by."""
+    if RECORD_KEY_CONFIGS in message.content.config_records:
+        return secaggplus_mod(message, context, call_next)
+    return call_next(message, context)
+
+
+def _handle(task_bytes: bytes, context: Context) -> SiteReply:
+    """Answers a task at this site (:class:`~lightning_fed.deploy.site.ClientSite`).
+
+    Raises:
+        ValueError: If the task is for another client than this SuperNode's.
+    """
+    from lightning_fed.deploy.config import site_builder
+    from lightning_fed.deploy.site import ClientSite
+
+    task = decode(task_bytes, RoundTask)
+    client_id = client_id_of(context.node_config)
+    if task.client_id != client_id:
+        raise ValueError(f"This SuperNode serves client {client_id}; a task for client {task.client_id} arrived.")
+    data_config = setting(context.node_config, "data-config", "")
+    build = site_builder(find_app_dir() / APP_CONFIG, str(data_config) if data_config else None)
+    site = ClientSite(build, state_dir_of(context.node_config, context.run_config))
+    reply = site.handle(task)
+    if task.secure_range is not None:
+        from lightning_fed.engine.seeding import derive_seed
+
+        # secaggplus_mod rounds each value up or down at random with numpy's global generator right after this
+        # handler returns: seeded from (run seed, round, client), a run repeats to the bit.
+        numpy.random.seed(derive_seed(task.seed, "secagg", task.round_idx, task.client_id) % 2**32)
+    return reply
+
+
+def _reply_message(message: Message, reply: SiteReply) -> Message:
+    return Message(RecordDict({RECORD: ConfigRecord({REPLY_KEY: encode(reply)})}), reply_to=message)
+
+
+@client_app.train(mods=[_secure_aggregation])
+def client_train(message: Message, context: Context) -> Message:
+    """Trains the task's client at this site and replies.
+
+    Under secure aggregation the task comes in SecAgg+'s legacy layout (``fitins``), and the reply goes back in it:
+    the sums as the result's arrays, which ``secaggplus_mod`` masks, and the rest of the reply in its metrics.
+    """
+    if LEGACY_TASK not in message.content.config_records:
+        return _reply_message(message, _handle(payload(message, TASK_KEY), context))
+    task_bytes = message.content.config_records[LEGACY_TASK][TASK_KEY]
+    if not isinstance(task_bytes, bytes):
+        raise ValueError(f"`{LEGACY_TASK}.{TASK_KEY}` holds {type(task_bytes).__name__}, not bytes")
+    reply = _handle(task_bytes, context)
+    arrays = [leaf.numpy() for leaf in reply.secure_sums]
+    reply.secure_sums = []
+    result = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 1, {REPLY_KEY: encode(reply)})
+    return Message(recorddict_compat.fitres_to_recorddict(result, keep_input=True), reply_to=message)
+
+
+@client_app.evaluate()
+def client_evaluate(message: Message, context: Context) -> Message:
+    """Evaluates the task's model on the client's test split at this site and replies."""
+    return _reply_message(message, _handle(payload(message, TASK_KEY), context))
+
+
+__all__ = ["client_app", "server_app", "transport_of"]
