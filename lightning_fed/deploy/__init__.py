@@ -9,12 +9,30 @@
 * :mod:`~lightning_fed.deploy.server`: the server's fit.
 """
 
-from lightning_fed.deploy.remote import RemoteClients, remote_clients
-from lightning_fed.deploy.server import check_server, serve
-from lightning_fed.deploy.site import ClientSite, SiteTrainer
-from lightning_fed.deploy.site_store import SiteStateStore
-from lightning_fed.deploy.transport import LoopbackTransport, RoundReplies, Transport
-from lightning_fed.deploy.wire import WIRE_VERSION, RoundTask, SiteReply, decode, encode
+from typing import TYPE_CHECKING
+
+from lightning_fed.utilities.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from lightning_fed.deploy.remote import RemoteClients, remote_clients
+    from lightning_fed.deploy.server import check_server, serve
+    from lightning_fed.deploy.site import ClientSite, SiteTrainer
+    from lightning_fed.deploy.site_store import SiteStateStore
+    from lightning_fed.deploy.transport import LoopbackTransport, RoundReplies, Transport
+    from lightning_fed.deploy.wire import WIRE_VERSION, RoundTask, SiteReply, decode, encode
+
+# Imported on first use: a Flower ClientApp process that only answers SecAgg+'s key exchanges needs none of it.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        **dict.fromkeys(("RemoteClients", "remote_clients"), "lightning_fed.deploy.remote"),
+        **dict.fromkeys(("check_server", "serve"), "lightning_fed.deploy.server"),
+        **dict.fromkeys(("ClientSite", "SiteTrainer"), "lightning_fed.deploy.site"),
+        "SiteStateStore": "lightning_fed.deploy.site_store",
+        **dict.fromkeys(("LoopbackTransport", "RoundReplies", "Transport"), "lightning_fed.deploy.transport"),
+        **dict.fromkeys(("WIRE_VERSION", "RoundTask", "SiteReply", "decode", "encode"), "lightning_fed.deploy.wire"),
+    },
+)
 
 __all__ = [
     "WIRE_VERSION",

@@ -162,7 +162,7 @@ def check_secure_aggregation(trainer: FederatedTrainerView) -> None:
                 " SecAgg+'s fixed point holds (most entries would fall below one step of the grid and be rounding"
                 " noise). Drop --secagg for it."
             )
-    clients_per_round = trainer.sampler.clients_per_round  # type: ignore[attr-defined]
+    clients_per_round = trainer.sampler.clients_per_round
     if isinstance(clients_per_round, int) and clients_per_round < 2:
         raise ValueError(
             f"Secure aggregation needs at least 2 clients per round (a sum of one client is its update); got"

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
 
-from lightning_fed.deploy.site import ClientSite
 from lightning_fed.deploy.wire import RoundTask, SiteReply, decode, encode
+
+if TYPE_CHECKING:
+    from lightning_fed.deploy.site import ClientSite
 
 
 @dataclass

@@ -29,11 +29,26 @@ imports it but Flower, which loads ``lightning_fed.deploy.flower:server_app`` an
 Lightning stack is imported inside the handlers, so that the apps load quickly.
 """
 
+from typing import TYPE_CHECKING
+
 from lightning_fed.deploy.flower.apps import client_app, server_app, transport_of
-from lightning_fed.deploy.flower.grid_transport import GridTransport
-from lightning_fed.deploy.flower.local_grid import InProcessGrid, server_context
-from lightning_fed.deploy.flower.secure_transport import SecureGridTransport
 from lightning_fed.deploy.flower.settings import client_id_of, find_app_dir, round_timeout, state_dir_of
+from lightning_fed.utilities.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from lightning_fed.deploy.flower.grid_transport import GridTransport
+    from lightning_fed.deploy.flower.local_grid import InProcessGrid, server_context
+    from lightning_fed.deploy.flower.secure_transport import SecureGridTransport
+
+# The transports import torch and lightning_fed's wire format: a ClientApp answering a key exchange needs neither.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "GridTransport": "lightning_fed.deploy.flower.grid_transport",
+        **dict.fromkeys(("InProcessGrid", "server_context"), "lightning_fed.deploy.flower.local_grid"),
+        "SecureGridTransport": "lightning_fed.deploy.flower.secure_transport",
+    },
+)
 
 __all__ = [
     "GridTransport",

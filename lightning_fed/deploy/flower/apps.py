@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -16,8 +16,6 @@ from flwr.compat.common import recorddict_compat
 from flwr.serverapp import Grid, ServerApp
 
 from lightning_fed.deploy.app import SECAGG_RUN_CONFIG
-from lightning_fed.deploy.flower.grid_transport import GridTransport
-from lightning_fed.deploy.flower.secure_transport import SecureGridTransport
 from lightning_fed.deploy.flower.settings import (
     APP_CONFIG,
     CLIENT_ID_KEY,
@@ -32,7 +30,13 @@ from lightning_fed.deploy.flower.settings import (
     setting,
     state_dir_of,
 )
-from lightning_fed.deploy.wire import RoundTask, SiteReply, decode, encode
+
+if TYPE_CHECKING:
+    from lightning_fed.deploy.flower.grid_transport import GridTransport
+    from lightning_fed.deploy.wire import SiteReply
+
+# torch, the wire format and the Lightning stack are imported where a handler needs them: Flower starts a ClientApp
+# process per message, and SecAgg+'s key exchanges (three of its four messages a round) need none of them.
 
 server_app = ServerApp()
 client_app = ClientApp()
@@ -42,6 +46,9 @@ def transport_of(grid: Grid, context: Context) -> GridTransport:
     """The run's transport: a :class:`SecureGridTransport` when the run config sets ``secagg``, with its
     ``secagg-clipping-range``, ``secagg-quantization-range``, ``secagg-num-shares`` and
     ``secagg-reconstruction-threshold``; else a plain :class:`GridTransport`."""
+    from lightning_fed.deploy.flower.grid_transport import GridTransport
+    from lightning_fed.deploy.flower.secure_transport import SecureGridTransport
+
     run_config = context.run_config
     timeout = round_timeout(run_config)
     if not bool(setting(run_config, "secagg", False)):
@@ -104,6 +111,7 @@ def _handle(task_bytes: bytes, context: Context) -> SiteReply:
     """
     from lightning_fed.deploy.config import site_builder
     from lightning_fed.deploy.site import ClientSite
+    from lightning_fed.deploy.wire import RoundTask, decode
 
     task = decode(task_bytes, RoundTask)
     client_id = client_id_of(context.node_config)
@@ -123,6 +131,8 @@ def _handle(task_bytes: bytes, context: Context) -> SiteReply:
 
 
 def _reply_message(message: Message, reply: SiteReply) -> Message:
+    from lightning_fed.deploy.wire import encode
+
     return Message(RecordDict({RECORD: ConfigRecord({REPLY_KEY: encode(reply)})}), reply_to=message)
 
 
@@ -138,6 +148,8 @@ def client_train(message: Message, context: Context) -> Message:
     task_bytes = message.content.config_records[LEGACY_TASK][TASK_KEY]
     if not isinstance(task_bytes, bytes):
         raise ValueError(f"`{LEGACY_TASK}.{TASK_KEY}` holds {type(task_bytes).__name__}, not bytes")
+    from lightning_fed.deploy.wire import encode
+
     reply = _handle(task_bytes, context)
     arrays = [leaf.numpy() for leaf in reply.secure_sums]
     reply.secure_sums = []

@@ -117,7 +117,7 @@ class _SecureRound(Strategy):
 
     def __init__(self, grid: Grid, run_id: int, routed: list[tuple[RoundTask, int]]) -> None:
         empty = Parameters(tensors=[], tensor_type="numpy.ndarray")
-        self.instructions = [
+        self.instructions: list[tuple[ClientProxy, FitIns]] = [
             (GridClientProxy(node_id, grid, run_id), FitIns(empty, {TASK_KEY: encode(task)}))
             for task, node_id in routed
         ]
