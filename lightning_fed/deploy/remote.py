@@ -88,7 +88,7 @@ class RemoteClients:
                 )
                 continue
             if reply.rejected:
-                reject_client(self.trainer, round_ctx, client_id)
+                reject_client(self.trainer, round_ctx, client_id, reply.rejected_because or "its site rejected it")
             else:
                 for key, obj in objects.items():
                     # Under secure aggregation a reply holds what is not a sum; the sums come as one total below.

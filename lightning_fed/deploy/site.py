@@ -136,6 +136,7 @@ class _SiteRound(RoundRunner):
         trainer.client_state = self._client_state(task.client_id)
         objects = algorithm_objects(trainer)
         rejected = task.client_id in share.rejected
+        because = "it holds NaN or Inf" if rejected else ""
         secure_sums: list[Tensor] = []
         if task.secure_range is None:
             round_state = {key: obj.round_state() for key, obj in objects.items()}
@@ -145,10 +146,12 @@ class _SiteRound(RoundRunner):
             if beyond is not None:
                 # Clipping would change the sum without a word: the client leaves the round instead, as a diverged
                 # client does, and says which setting to change.
+                because = (
+                    f"{beyond}, beyond secure aggregation's fixed-point range ±{task.secure_range:g}; raise"
+                    " `secagg-clipping-range` in the app's run config (each step of the grid grows with it)"
+                )
                 print(
-                    f"[lightning_fed] Client {task.client_id} rejects its update of round {task.round_idx}: {beyond},"
-                    f" beyond secure aggregation's fixed-point range ±{task.secure_range:g}. Raise"
-                    " `secagg-clipping-range` in the app's run config (each step of the grid grows with it).",
+                    f"[lightning_fed] Client {task.client_id} rejects its update of round {task.round_idx}: {because}.",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -160,6 +163,7 @@ class _SiteRound(RoundRunner):
             round_state=round_state,
             train_metrics={} if rejected else share.train_metrics.get(task.client_id, {}),
             rejected=rejected,
+            rejected_because=because,
             steps=share.steps,
             bytes_up=share.bytes_up,
             bytes_down=share.bytes_down,

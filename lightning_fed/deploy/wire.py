@@ -80,7 +80,9 @@ class SiteReply:
         round_state: Each algorithm's declared round state after the client, unreduced, by algorithm key; under
             secure aggregation only what is not a sum.
         train_metrics: The client's training metrics (empty when its update was rejected).
-        rejected: Whether the client's update was rejected (non-finite) and left out of the round state.
+        rejected: Whether the client's update was rejected (non-finite, or beyond secure aggregation's range) and
+            left out of the round state.
+        rejected_because: Why, in words, when :attr:`rejected`.
         steps: Optimizer steps the client took.
         bytes_up: Client-to-server bytes the algorithms counted for the client.
         bytes_down: Server-to-client bytes the algorithms counted for the client.
@@ -103,6 +105,7 @@ class SiteReply:
     bytes_down: int
     eval_metrics: dict[str, float] | None = None
     personalised: bool = False
+    rejected_because: str = ""
     secure_sums: list[torch.Tensor] = field(default_factory=list)
     version: int = WIRE_VERSION
 

@@ -34,19 +34,33 @@ REJECTED_WARNING_FRACTION = 0.1
 
 
 def rejection_warning(state: FederationState) -> str | None:
-    """The end-of-run warning when more than 10 % of the client updates were rejected as non-finite, else ``None``.
+    """The end-of-run warning when more than 10 % of the client updates were rejected as non-finite, or (in a
+    deployment) never arrived, else ``None``.
 
     With ``on_client_divergence="skip"`` each rejection is printed when it happens; a run where many were rejected
     still finishes and reports metrics, so its end says how much of the federation those metrics rest on.
     """
-    total, rejected = state.updates_total, state.rejected_total
-    if total == 0 or rejected <= REJECTED_WARNING_FRACTION * total:
+    total = state.updates_total
+    # A deployment's clients whose site never replied count as rejected too; they are told apart by `clients/dropped`.
+    dropped = sum(int(entry.get("clients/dropped", 0)) for entry in state.history)
+    diverged = state.rejected_total - dropped
+    if total == 0:
         return None
-    return (
-        f"{rejected} of {total} client updates ({rejected / total:.0%}) were rejected as non-finite (NaN or Inf) and"
-        " left out of the aggregate, so this run's results rest on the clients that remained. Lower the learning"
-        " rate or clip gradients (`gradient_clip_val`); set `on_client_divergence='raise'` to stop at the first one."
-    )
+    messages = []
+    if diverged > REJECTED_WARNING_FRACTION * total:
+        messages.append(
+            f"{diverged} of {total} client updates ({diverged / total:.0%}) were rejected (not finite, or beyond"
+            " secure aggregation's range) and left out of the aggregate, so this run's results rest on the clients"
+            " that remained. Lower the learning rate or clip gradients (`gradient_clip_val`); set"
+            " `on_client_divergence='raise'` to stop at the first one."
+        )
+    if dropped > REJECTED_WARNING_FRACTION * total:
+        messages.append(
+            f"{dropped} of {total} client updates ({dropped / total:.0%}) never arrived from their sites (a site"
+            " failed, or missed the run config's `round-timeout`) and were left out of the aggregate: see the"
+            " SuperNodes' logs, or raise `round-timeout`."
+        )
+    return " ".join(messages) or None
 
 
 def warn_if_many_rejected(trainer: FederatedTrainerView) -> None:
@@ -56,10 +70,19 @@ def warn_if_many_rejected(trainer: FederatedTrainerView) -> None:
         rank_zero_warn(message, category=UserWarning)
 
 
-def reject_client(trainer: FederatedTrainerView, round_ctx: RoundContext, client_id: int) -> None:
-    """Leaves a diverged client out of the round, or stops the run when ``on_client_divergence="raise"``."""
+def reject_client(
+    trainer: FederatedTrainerView, round_ctx: RoundContext, client_id: int, reason: str = "it holds NaN or Inf"
+) -> None:
+    """Leaves a diverged client out of the round, or stops the run when ``on_client_divergence="raise"``.
+
+    Args:
+        trainer: The fit's trainer.
+        round_ctx: The round.
+        client_id: The client.
+        reason: Why the update is unusable (a deployed site says so in its reply).
+    """
     round_ctx.rejected.append(client_id)
-    message = f"Client {client_id} diverged in round {round_ctx.round_idx}: its update holds NaN or Inf."
+    message = f"Client {client_id}'s update of round {round_ctx.round_idx} was rejected: {reason}."
     if trainer.on_client_divergence == "raise":
         raise ClientDivergedError(
             f"{message} Lower the learning rate, clip gradients (`gradient_clip_val`), or set"

@@ -133,7 +133,10 @@ def test_a_site_beyond_the_fixed_point_range_rejects_its_update_and_says_which_s
     # Every site's weights exceed ±0.001: all reject, nothing is aggregated, and none was clipped into the model.
     assert summary["rejected_clients_total"] == NUM_CLIENTS
     assert all(torch.equal(secure[name], before[name]) for name in before)
-    assert "Raise `secagg-clipping-range`" in capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert "beyond secure aggregation's fixed-point range ±0.001; raise `secagg-clipping-range`" in printed.err
+    # The server says why each was rejected.
+    assert "Client 0's update of round 0 was rejected: `_sum` of aggregator reaches" in printed.out
 
 
 def test_a_site_that_fails_while_training_is_dropped_and_the_others_are_still_summed(tmp_path, monkeypatch):
