@@ -13,6 +13,7 @@ from helpers.boring import BoringClassifier, PoisonClient, fast_trainer, make_da
 from lightning_fed.aggregators import FedAvg, QFedAvg
 from lightning_fed.callbacks import APFL, FedCurv, FedProx, Scaffold
 from lightning_fed.deploy import ClientSite, LoopbackTransport, RemoteClients, RoundTask, SiteTrainer, serve
+from lightning_fed.deploy.remote import FOLDED
 from lightning_fed.deploy.site_store import SiteStateStore
 
 NUM_CLIENTS = 4
@@ -121,7 +122,10 @@ def test_the_server_holds_no_client_state(tmp_path):
     module = _module()
     trainer = fast_trainer(tmp_path / "server", **_settings("scaffold+fedcurv"))
     serve(trainer, module, make_datamodule(NUM_CLIENTS), LoopbackTransport(_sites(tmp_path, "scaffold+fedcurv")))
-    assert trainer.federation_state.store.namespaces() == []
+    store = trainer.federation_state.store
+    # Only which round of each client's replies it folded last: no algorithm's per-client state.
+    assert store.namespaces() == [FOLDED]
+    assert all(isinstance(round_idx, int) for _, round_idx in store.items(FOLDED))
     assert isinstance(trainer.fed_runner.clients, RemoteClients)
 
 
