@@ -59,9 +59,10 @@ class GridTransport:
     """A :class:`~lightning_fed.deploy.transport.Transport` over a Flower ``Grid``: one message per task.
 
     Each SuperNode serves one client, named by ``client-id`` in its node config. The transport learns which node
-    serves which client by sending a ``query`` message to each node it has not asked yet, whenever a round samples
-    a client it has no node for (a SuperNode restarted after a crash comes back under a new node id: it is asked
-    at the next round that needs its client).
+    serves which client by sending a ``query`` message to each node it has not asked yet, whenever a node appears
+    or a round samples a client it has no node for. A SuperNode restarted after a crash comes back under a new node
+    id while the SuperLink still lists the old one as online (until it misses two heartbeats, up to a minute): the
+    new node is asked at the next round, and serves its client from then on.
 
     Args:
         grid: The ServerApp's grid.
@@ -75,6 +76,7 @@ class GridTransport:
         #: The node serving each client, as the nodes answered.
         self.nodes: dict[int, int] = {}
         self._asked: set[int] = set()
+        self._seen: set[int] = set()
 
     def exchange(self, tasks: list[RoundTask]) -> dict[int, SiteReply]:
         """Sends each task to its client's node and returns the replies that arrived within :attr:`timeout`."""
@@ -111,12 +113,15 @@ class GridTransport:
         return replies
 
     def map_clients(self, client_ids: Iterable[int]) -> None:
-        """Asks the nodes not asked yet which client they serve, if a client in ``client_ids`` has no node."""
+        """Asks the nodes not asked yet which client they serve, if a node appeared since the last call or a client
+        in ``client_ids`` has no node."""
         online = set(self.grid.get_node_ids())
+        # A node that appeared may serve a client whose old node is dead but still listed: ask it even then.
+        appeared, self._seen = online - self._seen, self._seen | online
         self.nodes = {client: node for client, node in self.nodes.items() if node in online}
         self._asked &= online
         unasked = sorted(online - self._asked)
-        if not unasked or all(client in self.nodes for client in client_ids):
+        if not unasked or (not appeared and all(client in self.nodes for client in client_ids)):
             return
         queries = [
             Message(RecordDict(), dst_node_id=node_id, message_type=MessageType.QUERY, group_id="client-id")
