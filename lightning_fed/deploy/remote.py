@@ -8,6 +8,10 @@ objects in round order (``CrossProcessState.absorb_round_state``), so that the s
 as one process would: the same ``compute``, ``on_aggregate``, evaluation, logging and checkpoint. Under secure
 aggregation the sums arrive as one total over the round's replies (:mod:`~lightning_fed.deploy.secure_sum`), folded
 in once.
+
+The server also keeps, per client, the newest round whose reply it folded (its client store's :data:`FOLDED`
+namespace, checkpointed with the round), and each task names it: a site may have written a round's version and
+then lost its reply (killed, or too late), and must not continue from a state the server never absorbed.
 """
 
 from __future__ import annotations
@@ -30,6 +34,11 @@ from lightning_fed.functional.state_dict import StateDict, clone_state
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView
+
+#: The namespace of the server's client store that holds each client's newest folded round. The server's store is
+#: otherwise empty in a deployment (the clients' own state stays at their sites), and it is in every checkpoint, so a
+#: resumed server knows which versions the checkpoint absorbed.
+FOLDED = "deploy"
 
 
 class RemoteClients:
@@ -94,6 +103,7 @@ class RemoteClients:
                     # Under secure aggregation a reply holds what is not a sum; the sums come as one total below.
                     obj.absorb_round_state(reply.round_state[key], partial=secure)
                 share.train_metrics[client_id] = reply.train_metrics
+                self.trainer.federation_state.store.put(FOLDED, client_id, round_ctx.round_idx)
             self.steps.add(reply.steps)
             round_ctx.bytes_up += reply.bytes_up
             round_ctx.bytes_down += reply.bytes_down
@@ -117,9 +127,14 @@ class RemoteClients:
         replies = self.transport.exchange(tasks).replies
         results: dict[int, dict[str, float]] = {}
         personalised = False
+        store = self.trainer.federation_state.store
         for client_id in client_ids:
             reply = replies.get(client_id)
-            if reply is not None and reply.eval_metrics is not None:
+            if reply is None:
+                continue
+            # A personalisation hook may have written the client's state: the site saved it as this round's version.
+            store.put(FOLDED, client_id, round_idx)
+            if reply.eval_metrics is not None:
                 results[client_id] = reply.eval_metrics
                 personalised |= reply.personalised
         return results, personalised
@@ -152,8 +167,9 @@ class RemoteClients:
                 global_params=global_params,
                 broadcast=broadcast_state,
                 schedulers=schedulers if schedulers is not None else [],
-                # The server checkpoints every round before the next one starts (the deployment's ModelCheckpoint).
-                committed_round=state.completed_rounds - 1,
+                # The client's newest folded round: committed, as the server checkpoints every round before the next
+                # one starts (the deployment's ModelCheckpoint); an evaluation follows its own round's fold.
+                committed_round=state.store.get(FOLDED, client_id, -1),
                 run_id=run_id,
                 fingerprint=self._configuration,
                 evaluate=evaluate,
@@ -174,4 +190,4 @@ def remote_clients(transport: Transport) -> ClientSideFactory:
     return build
 
 
-__all__ = ["RemoteClients", "remote_clients"]
+__all__ = ["FOLDED", "RemoteClients", "remote_clients"]

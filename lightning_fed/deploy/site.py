@@ -216,8 +216,10 @@ class ClientSite:
             check_same_configuration(task.fingerprint, algorithm_fingerprint(trainer, module))
         store = SiteStateStore(self.state_dir, task.client_id)
         trainer.task = task
-        # Training starts from the committed state; an evaluation after round r reads round r's pending version.
-        trainer.client_state = store.latest(task.round_idx) if task.evaluate else store.load(task.committed_round)
+        # Training starts from the client's newest round that the server folded and committed; an evaluation after
+        # round r from the newest it folded (round r's pending version, if the server folded the client's reply).
+        read = store.latest if task.evaluate else store.load
+        trainer.client_state = read(task.committed_round)
         trainer.fit(module, datamodule=datamodule)
         if trainer.reply is None:
             raise RuntimeError(

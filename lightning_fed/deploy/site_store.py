@@ -2,12 +2,14 @@
 
 In simulation the per-client store lives in the run's checkpoint. In a deployment it never leaves the site (SCAFFOLD's
 ``c_i``, FedCurv's ``u_i, v_i, w_i``, a kept optimizer state): the site writes the state each round leaves behind as a
-new version, and the version becomes part of the run only once the server's checkpoint of that round is written.
-Every :class:`~lightning_fed.deploy.wire.RoundTask` names the newest committed round; a site that sees it
+new version, and the version becomes part of the run only once the server folded the round's reply and wrote its
+checkpoint of the round. Every :class:`~lightning_fed.deploy.wire.RoundTask` names the client's newest such round; a
+site that sees it
 
 * keeps the newest version at or before it (the client's state as the checkpoint knows it),
-* deletes the versions after it: they belong to rounds the server will run again after a resume, so a resumed
-  deployment trains every client from exactly the state an uninterrupted one would have used,
+* deletes the versions after it: they belong to rounds the server will run again after a resume, or to a reply the
+  server never folded (the site was killed after its write, or replied too late: the server left the client out, as
+  simulation rejecting it would), so a deployment trains every client from exactly the state the server absorbed,
 * and deletes the versions before the one it keeps, which no resume can go back to.
 
 Files are written atomically (:func:`~lightning_fed.utilities.atomic.atomic_write`), so a site killed mid-write keeps
@@ -74,9 +76,16 @@ class SiteStateStore:
         return state
 
     def latest(self, round_idx: int) -> dict[str, Any]:
-        """The newest version written at or before ``round_idx``, committed or pending, deleting nothing: what an
-        evaluation after round ``round_idx`` reads (its own round's training is pending until the checkpoint)."""
-        kept = [r for r in self.versions() if r <= round_idx]
+        """The newest version written at or before ``round_idx``, committed or pending: what an evaluation reads
+        (the server folded round ``round_idx``, but its checkpoint of the round is not written yet).
+
+        Deletes the versions after ``round_idx`` (the server folded none of them) but none before it: a resume from
+        the previous checkpoint may need them.
+        """
+        rounds = self.versions()
+        for newer in (r for r in rounds if r > round_idx):
+            self._path(newer).unlink(missing_ok=True)
+        kept = [r for r in rounds if r <= round_idx]
         return self._read(kept[-1]) if kept else {}
 
     def save(self, round_idx: int, state: dict[str, Any]) -> Path:

@@ -3,7 +3,7 @@
 One message goes down per sampled client per round (:class:`RoundTask`) and one comes back (:class:`SiteReply`).
 Down: the round (index, the sampled clients in round order, their sizes, the run seed), the global model, every
 algorithm's broadcast state (``CrossProcessState.broadcast_state``), the LR schedulers' state at the round's start
-and the last round whose server checkpoint is committed. Up: every algorithm's declared round state, unreduced
+and the client's last folded, committed round. Up: every algorithm's declared round state, unreduced
 (``CrossProcessState.round_state``), and the client's metrics, rejection, optimizer steps and bytes. The per-client
 store never travels: it stays at the site (:mod:`lightning_fed.deploy.site_store`).
 
@@ -40,8 +40,10 @@ class RoundTask:
         broadcast: Each algorithm's broadcast state, by algorithm key (:func:`~lightning_fed.deploy.algorithms.
             algorithm_objects`).
         schedulers: The LR schedulers' ``state_dict`` and the optimizers' hyperparameters at the round's start.
-        committed_round: The newest round whose server checkpoint is written (``-1``: none); the site promotes its
-            versions up to it and drops newer ones (the server resumed from before them).
+        committed_round: The client's newest round whose reply the server folded and whose checkpoint is written
+            (``-1``: none; an evaluation task's may be its own round, folded but not yet checkpointed); the site
+            continues from its version of that round and drops newer ones (the server resumed from before them, or
+            never folded their replies).
         run_id: The server's run id, for the site's logs.
         fingerprint: The server's experiment fingerprint without its data settings and seed
             (:func:`~lightning_fed.deploy.algorithms.algorithm_fingerprint`); a site built from another

@@ -109,11 +109,48 @@ def test_a_restarted_node_is_asked_and_a_client_without_a_node_is_dropped():
     assert transport.nodes == {0: 101, 1: 205}
 
 
+def test_a_restarted_node_is_asked_while_its_dead_predecessor_is_still_listed(capsys):
+    grid = FakeGrid({101: 0, 102: 1})
+    transport = GridTransport(grid)  # type: ignore[arg-type]
+    assert sorted(transport.exchange([_task(0), _task(1)]).replies) == [0, 1]
+    # Client 1's SuperNode was killed and restarted as node 205; the SuperLink lists 102 until it misses heartbeats.
+    grid.clients_of_nodes = {101: 0, 102: 1, 205: 1}
+    assert sorted(transport.exchange([_task(0, 1), _task(1, 1)]).replies) == [0, 1]
+    queries, tasks = grid.sent[-2:]
+    assert [m.metadata.dst_node_id for m in queries] == [205]  # only the new node is asked
+    assert [m.metadata.dst_node_id for m in tasks] == [101, 205]
+    assert transport.nodes == {0: 101, 1: 205}
+    assert "SuperNodes 102 and 205 both serve client 1: 205 (newer) is used" in capsys.readouterr().err
+    # Nothing new appeared: the next round asks nobody.
+    transport.exchange([_task(0, 2), _task(1, 2)])
+    assert [m.metadata.message_type for m in grid.sent[-1]] == ["train", "train"]
+
+
 def test_a_failed_task_drops_its_client(capsys):
     grid = FakeGrid({101: 0, 102: -1})
     transport = GridTransport(grid)  # type: ignore[arg-type]
     assert sorted(transport.exchange([_task(0), _task(-1)]).replies) == [0]
     assert "boom" in capsys.readouterr().err
+
+
+class _SuperLinkAnswering(FakeGrid):
+    """As a real grid: sent messages get ids; a dead node's task is answered by the SuperLink (node 1) with an error."""
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Message]:
+        messages = list(messages)
+        for position, message in enumerate(messages):
+            message.metadata.__dict__["_message_id"] = f"message-{position}"
+        replies = super().send_and_receive(messages, timeout=timeout)
+        for reply in replies:
+            if reply.has_error():
+                reply.metadata.__dict__["_src_node_id"] = 1
+        return replies
+
+
+def test_an_error_the_superlink_sends_names_the_node_and_client_it_is_about(capsys):
+    grid = _SuperLinkAnswering({101: 0, 102: -1})
+    GridTransport(grid).exchange([_task(0), _task(-1)])  # type: ignore[arg-type]
+    assert "SuperNode 102 (client -1) failed its task: boom" in capsys.readouterr().err
 
 
 def test_node_and_run_config():

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
+from helpers.boring import BoringClassifier, PoisonClient, fast_trainer, make_datamodule
 
-from lightning_fed import FedCallback
 from lightning_fed.aggregators import FedAvg, QFedAvg
 from lightning_fed.callbacks import APFL, FedCurv, FedProx, Scaffold
 from lightning_fed.deploy import ClientSite, LoopbackTransport, RemoteClients, RoundTask, SiteTrainer, serve
+from lightning_fed.deploy.remote import FOLDED
 from lightning_fed.deploy.site_store import SiteStateStore
 from lightning_fed.deploy.transport import RoundReplies
 
@@ -154,28 +154,18 @@ def test_the_server_holds_no_client_state(tmp_path):
     module = _module()
     trainer = fast_trainer(tmp_path / "server", **_settings("scaffold+fedcurv"))
     serve(trainer, module, make_datamodule(NUM_CLIENTS), LoopbackTransport(_sites(tmp_path, "scaffold+fedcurv")))
-    assert trainer.federation_state.store.namespaces() == []
+    store = trainer.federation_state.store
+    # Only which round of each client's replies it folded last: no algorithm's per-client state.
+    assert store.namespaces() == [FOLDED]
+    assert all(isinstance(round_idx, int) for _, round_idx in store.items(FOLDED))
     assert isinstance(trainer.fed_runner.clients, RemoteClients)
-
-
-class _PoisonClient(FedCallback):
-    """Makes one client's training diverge (NaN loss), so that simulation rejects its update."""
-
-    def __init__(self, client_id: int) -> None:
-        self.client_id = client_id
-
-    def on_client_start(self, trainer: Any, pl_module: Any, client_ctx: Any) -> None:
-        pl_module.poison = client_ctx.client_id == self.client_id
-
-    def on_client_end(self, trainer: Any, pl_module: Any, client_ctx: Any, update: Any) -> None:
-        pl_module.poison = False
 
 
 def test_a_site_that_never_answers_is_dropped_like_a_rejected_client(tmp_path):
     silent = 2
     module = _module()
     settings = _settings("fedprox")
-    settings["callbacks"].append(_PoisonClient(silent))
+    settings["callbacks"].append(PoisonClient(silent))
     reference = fast_trainer(tmp_path / "sim", **settings)
     reference.fit(module, datamodule=make_datamodule(NUM_CLIENTS))
     simulated = module.state_dict()

@@ -94,6 +94,21 @@ class MetricModule(BoringClassifier):
         return loss
 
 
+class PoisonClient(FedCallback):
+    """Makes one client's training diverge (NaN loss), so that simulation rejects its update: in every round, or in
+    ``round_idx`` only."""
+
+    def __init__(self, client_id: int, round_idx: int | None = None) -> None:
+        self.client_id = client_id
+        self.round_idx = round_idx
+
+    def on_client_start(self, trainer: Any, pl_module: Any, client_ctx: Any) -> None:
+        pl_module.poison = client_ctx.client_id == self.client_id and self.round_idx in (None, client_ctx.round_idx)
+
+    def on_client_end(self, trainer: Any, pl_module: Any, client_ctx: Any, update: Any) -> None:
+        pl_module.poison = False
+
+
 class HookRecorder(FedCallback):
     """Records the federated and Lightning hooks it sees, in order."""
 

@@ -16,9 +16,10 @@ class GridTransport:
     """A :class:`~lightning_fed.deploy.transport.Transport` over a Flower ``Grid``: one message per task.
 
     Each SuperNode serves one client, named by ``client-id`` in its node config. The transport learns which node
-    serves which client by sending a ``query`` message to each node it has not asked yet, whenever a round samples
-    a client it has no node for (a SuperNode restarted after a crash comes back under a new node id: it is asked
-    at the next round that needs its client).
+    serves which client by sending a ``query`` message to each node it has not asked yet, whenever a node appears
+    or a round samples a client it has no node for. A SuperNode restarted after a crash comes back under a new node
+    id while the SuperLink still lists the old one as online (until it misses two heartbeats, up to a minute): the
+    new node is asked at the next round, and serves its client from then on.
 
     Args:
         grid: The ServerApp's grid.
@@ -35,6 +36,7 @@ class GridTransport:
         #: The node serving each client, as the nodes answered.
         self.nodes: dict[int, int] = {}
         self._asked: set[int] = set()
+        self._seen: set[int] = set()
 
     def exchange(self, tasks: list[RoundTask]) -> RoundReplies:
         """Sends each task to its client's node and returns the replies that arrived within :attr:`timeout`."""
@@ -55,12 +57,21 @@ class GridTransport:
         for message in self.grid.send_and_receive(messages, timeout=self.timeout):
             node_id = message.metadata.src_node_id
             if message.has_error():
-                say(f"SuperNode {node_id} failed its task: {message.error.reason}")
+                say(f"{self._failed(message, messages, routed)} failed its task: {message.error.reason}")
                 continue
             reply = self._reply(node_id, payload(message, REPLY_KEY), expected)
             if reply is not None:
                 replies[reply.client_id] = reply
         return RoundReplies(replies)
+
+    @staticmethod
+    def _failed(error: Message, sent: list[Message], routed: list[tuple[RoundTask, int]]) -> str:
+        """Who an error reply is about: the SuperLink answers for a node that stopped its heartbeats, from its own
+        id, so the node is found through the message the error replies to (the grid sets sent messages' ids)."""
+        for message, (task, node_id) in zip(sent, routed, strict=True):
+            if message.metadata.message_id and message.metadata.message_id == error.metadata.reply_to_message_id:
+                return f"SuperNode {node_id} (client {task.client_id})"
+        return f"SuperNode {error.metadata.src_node_id}"
 
     def _route(self, tasks: list[RoundTask]) -> list[tuple[RoundTask, int]]:
         """Each task with the node of its client; a client no node serves is dropped, with a line saying so."""
@@ -88,12 +99,15 @@ class GridTransport:
         return reply
 
     def map_clients(self, client_ids: Iterable[int]) -> None:
-        """Asks the nodes not asked yet which client they serve, if a client in ``client_ids`` has no node."""
+        """Asks the nodes not asked yet which client they serve, if a node appeared since the last call or a client
+        in ``client_ids`` has no node."""
         online = set(self.grid.get_node_ids())
+        # A node that appeared may serve a client whose old node is dead but still listed: ask it even then.
+        appeared, self._seen = online - self._seen, self._seen | online
         self.nodes = {client: node for client, node in self.nodes.items() if node in online}
         self._asked &= online
         unasked = sorted(online - self._asked)
-        if not unasked or all(client in self.nodes for client in client_ids):
+        if not unasked or (not appeared and all(client in self.nodes for client in client_ids)):
             return
         queries = [
             Message(RecordDict(), dst_node_id=node_id, message_type=MessageType.QUERY, group_id="client-id")

@@ -1,0 +1,218 @@
+"""Real Flower processes for the deployment tests: a SuperLink, SuperNodes and ``flwr run``, offline, on loopback.
+
+Everything runs offline: ``FLWR_HOME`` in the test's directory, telemetry and the update check off, and no runtime
+dependency installation (the SuperLink's ``--disable-runtime-dependency-installation``; a SuperNode's is off by
+default). Each Flower process starts in its own session and is ended, or killed, with every process it started: by
+its process group and the groups of its descendants. A SuperNode's SuperExec and ClientApps share its group, but the
+SuperLink's SuperExec starts a session of its own, with the ServerApp in it (which outlives a killed SuperLink).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def flower_env(home: Path) -> dict[str, str]:
+    """The environment of every Flower process (and ``flwr run``) of a test whose Flower home is ``home``."""
+    env = dict(os.environ)
+    env.update(
+        FLWR_HOME=str(home),
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        WANDB_MODE="offline",
+        # The ServerApp and ClientApp processes import this checkout's lightning_fed.
+        PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )
+    return env
+
+
+class Processes:
+    """Flower processes, each in its own session, ended by process group.
+
+    Args:
+        env: Their environment (:func:`flower_env`).
+        logs: Where each process's output goes, ``<name>.log`` (appended to, when a name is started again).
+    """
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = env
+        self.logs = logs
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, *command: str) -> subprocess.Popen[bytes]:
+        with (self.logs / f"{name}.log").open("ab") as log:
+            process = subprocess.Popen(
+                command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.logs
+            )
+        self.started.append(process)
+        return process
+
+    def log(self, name: str) -> str:
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    @staticmethod
+    def kill(process: subprocess.Popen[bytes]) -> None:
+        """SIGKILLs ``process`` and everything it started (their process groups) and reaps the process."""
+        _signal_groups(_groups([process.pid]), signal.SIGKILL)
+        process.wait()
+
+    def stop(self) -> None:
+        """Ends every process started and all their descendants, killed ones included (a group outlives its
+        leader): SIGTERM, then SIGKILL after 10 s."""
+        groups = _groups([process.pid for process in self.started])
+        _signal_groups(groups, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for process in self.started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(max(0.1, deadline - time.monotonic()))
+        _signal_groups(groups, signal.SIGKILL)
+        for process in self.started:
+            process.wait()
+
+
+def _groups(pids: list[int]) -> set[int]:
+    """The process groups of ``pids`` (each leads its own) and of all their live descendants, never this one's."""
+    children: dict[int, list[int]] = {}
+    proc = Path("/proc")
+    for entry in proc.iterdir() if proc.is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            # The fields after the command's closing parenthesis: state, ppid, pgrp, ...
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    groups, tree = set(pids), list(pids)
+    for pid in tree:
+        tree += children.get(pid, [])
+        with contextlib.suppress(ProcessLookupError):
+            groups.add(os.getpgid(pid))
+    groups.discard(os.getpgrp())
+    return groups
+
+
+def _signal_groups(groups: set[int], signum: int) -> None:
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signum)
+
+
+def start_superlink(
+    processes: Processes, port: int, database: Path, simulation: bool = False, timeout: float = 60
+) -> subprocess.Popen[bytes]:
+    """Starts ``flower-superlink`` on ``port`` (its APIs and health endpoint) and waits until its health endpoint
+    answers."""
+    command = ["flower-superlink", "--insecure", "--disable-runtime-dependency-installation"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--database", str(database)]
+    superlink = processes.start("superlink", *command, *(["--simulation"] if simulation else []))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert superlink.poll() is None, processes.log("superlink")[-4000:]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
+                if response.status == 200:
+                    return superlink
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"the SuperLink did not come up within {timeout:.0f} s")
+
+
+def start_supernode(processes: Processes, superlink_port: int, site: int, state_dir: Path) -> subprocess.Popen[bytes]:
+    """Starts the SuperNode of site ``site``: it serves client ``site`` and keeps its state in ``state_dir``."""
+    return processes.start(
+        f"supernode-{site}",
+        "flower-supernode",
+        "--insecure",
+        "--superlink",
+        f"127.0.0.1:{superlink_port}",
+        "--port",
+        str(free_port()),
+        "--node-config",
+        f"client-id={site} state-dir='{state_dir}'",
+    )
+
+
+def write_connection(home: Path, name: str, port: int, simulation: bool = False, num_supernodes: int = 3) -> None:
+    """Writes the Flower home's ``config.toml`` naming the SuperLink connection ``name`` (simulation: with
+    ``num_supernodes`` virtual SuperNodes)."""
+    home.mkdir(parents=True, exist_ok=True)
+    text = f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+    if simulation:
+        text += f"\n[superlink.{name}.options]\nnum-supernodes = {num_supernodes}\n"
+        text += f"\n[superlink.{name}.options.backend.client-resources]\nnum-cpus = 1\nnum-gpus = 0.0\n"
+    (home / "config.toml").write_text(text)
+
+
+def flwr_run_command(app: Path, connection: str, run_config: str) -> list[str]:
+    """``flwr run`` of ``app`` that streams the ServerApp's log and returns when the run ends."""
+    return ["flwr", "run", str(app), connection, "--run-config", run_config, "--stream"]
+
+
+def flwr_run(env: dict[str, str], app: Path, connection: str, run_config: str, timeout: float) -> float:
+    """Runs the app to its end; returns the seconds it took.
+
+    Its output (the ServerApp's log) is kept in ``flwr-run.log`` beside the app.
+    """
+    start = time.monotonic()
+    done = subprocess.run(
+        flwr_run_command(app, connection, run_config),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=timeout,
+        start_new_session=True,
+    )
+    output = done.stdout.decode(errors="replace")
+    (app.parent / "flwr-run.log").write_text(output)
+    assert done.returncode == 0, output[-4000:]
+    return time.monotonic() - start
+
+
+def run_dir(workdir: Path) -> Path:
+    """The one run directory a deployed server wrote under ``workdir``."""
+    (directory,) = (workdir / "runs").iterdir()
+    return directory
+
+
+def deployed(workdir: Path) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+    """The deployed server's last checkpointed model and its summary.json."""
+    directory = run_dir(workdir)
+    checkpoint = torch.load(directory / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    return checkpoint["state_dict"], json.loads((directory / "summary.json").read_text())
+
+
+def assert_close_states(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """``got`` equals ``expected`` up to the tolerance of float reductions in another order."""
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, poll: float = 0.2) -> None:
+    """Polls ``condition()`` until it is true; fails naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll)
