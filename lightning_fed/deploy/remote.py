@@ -22,7 +22,7 @@ from lightning.pytorch import LightningModule
 
 from lightning_fed.context import ClientShare, RoundContext
 from lightning_fed.deploy.algorithms import algorithm_fingerprint, algorithm_objects, broadcast
-from lightning_fed.deploy.secure_sum import rebuild_sums, summed_state
+from lightning_fed.deploy.secure_sum import rebuild_sums, split_round_state
 from lightning_fed.deploy.transport import Transport
 from lightning_fed.deploy.wire import RoundTask
 from lightning_fed.engine.dispatch import HookDispatcher
@@ -110,7 +110,7 @@ class RemoteClients:
         if received.secure_sum is not None:
             # The round's sums over every reply (a rejected client added zeros), rebuilt in the server's declared
             # structure and folded in once.
-            totals = rebuild_sums(summed_state(objects), received.secure_sum)
+            totals = rebuild_sums(split_round_state(objects)[0], received.secure_sum)
             for key, obj in objects.items():
                 obj.absorb_round_state(totals[key], partial=True)
         share.rejected = list(round_ctx.rejected)

@@ -39,21 +39,16 @@ from lightning_fed.parallel.reduction import CrossProcessState
 RoundState = dict[str, dict[str, Any]]
 
 
-def summed_state(objects: Mapping[str, CrossProcessState]) -> RoundState:
-    """Each algorithm object's declared sums as they stand, by algorithm key and name (what travels masked)."""
-    return {key: _split(obj)[0] for key, obj in objects.items()}
-
-
-def clear_state(objects: Mapping[str, CrossProcessState]) -> RoundState:
-    """Each algorithm object's declared round state that is not a sum (what travels in clear)."""
-    return {key: _split(obj)[1] for key, obj in objects.items()}
-
-
-def _split(obj: CrossProcessState) -> tuple[dict[str, Any], dict[str, Any]]:
-    reductions, values = obj.round_state_reductions(), obj.round_state()
-    sums = {name: values[name] for name, reduce in reductions.items() if reduce == "sum"}
-    others = {name: values[name] for name, reduce in reductions.items() if reduce != "sum"}
-    return sums, others
+def split_round_state(objects: Mapping[str, CrossProcessState]) -> tuple[RoundState, RoundState]:
+    """Each algorithm object's declared round state as it stands, by algorithm key and name, split in two: the sums
+    (what travels masked) and the rest (what travels in clear)."""
+    sums: RoundState = {}
+    clear: RoundState = {}
+    for key, obj in objects.items():
+        reductions, values = obj.round_state_reductions(), obj.round_state()
+        sums[key] = {name: values[name] for name, reduce in reductions.items() if reduce == "sum"}
+        clear[key] = {name: values[name] for name, reduce in reductions.items() if reduce != "sum"}
+    return sums, clear
 
 
 def sum_leaves(sums: RoundState) -> list[Tensor]:
@@ -122,19 +117,6 @@ def out_of_range(sums: RoundState, clipping_range: float) -> str | None:
     return None
 
 
-def zero_sums(sums: RoundState) -> RoundState:
-    """``sums`` with every entry zero: what a site that rejects its own update adds to the masked total."""
-    return {key: {name: _zero(value) for name, value in per_object.items()} for key, per_object in sums.items()}
-
-
-def _zero(value: Any) -> Any:
-    if isinstance(value, Tensor):
-        return torch.zeros_like(value)
-    if isinstance(value, Mapping):
-        return {key: _zero(item) for key, item in value.items()}
-    return type(value)(0)
-
-
 def quantisation_bound(num_clients: int, clipping_range: float, quantization_range: int) -> float:
     """The largest error of a securely summed coordinate over ``num_clients`` clients: each client's stochastic
     rounding moves its value by less than one step :math:`2c / 2^b`."""
@@ -172,11 +154,9 @@ def check_secure_aggregation(trainer: FederatedTrainerView) -> None:
 
 __all__ = [
     "check_secure_aggregation",
-    "clear_state",
     "out_of_range",
     "quantisation_bound",
     "rebuild_sums",
+    "split_round_state",
     "sum_leaves",
-    "summed_state",
-    "zero_sums",
 ]

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from torch import Tensor
 from typing_extensions import override
@@ -37,7 +38,7 @@ from lightning_fed.deploy.algorithms import (
     check_same_configuration,
     load_broadcast,
 )
-from lightning_fed.deploy.secure_sum import clear_state, out_of_range, sum_leaves, summed_state, zero_sums
+from lightning_fed.deploy.secure_sum import out_of_range, split_round_state, sum_leaves
 from lightning_fed.deploy.site_store import SiteStateStore
 from lightning_fed.deploy.wire import RoundTask, SiteReply, decode, encode
 from lightning_fed.engine.client_half import Boundary
@@ -141,7 +142,7 @@ class _SiteRound(RoundRunner):
         if task.secure_range is None:
             round_state = {key: obj.round_state() for key, obj in objects.items()}
         else:
-            round_state, sums = clear_state(objects), summed_state(objects)
+            sums, round_state = split_round_state(objects)
             beyond = None if rejected else out_of_range(sums, task.secure_range)
             if beyond is not None:
                 # Clipping would change the sum without a word: the client leaves the round instead, as a diverged
@@ -156,7 +157,9 @@ class _SiteRound(RoundRunner):
                     flush=True,
                 )
                 rejected = True
-            secure_sums = sum_leaves(zero_sums(sums) if rejected else sums)
+            secure_sums = sum_leaves(sums)
+            if rejected:  # the masked total still needs this site's share: zeros
+                secure_sums = [torch.zeros_like(leaf) for leaf in secure_sums]
         trainer.reply = SiteReply(
             round_idx=task.round_idx,
             client_id=task.client_id,

@@ -11,8 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
-from helpers.flower_configs import write_config
+from helpers.flower_configs import fitted_model, write_config
 from helpers.flower_processes import (
     Processes,
     assert_close_states,
@@ -28,19 +27,10 @@ from helpers.flower_processes import (
 pytest.importorskip("flwr", reason="Flower is the `flower` extra: pip install -e '.[flower]'")
 
 from lightning_fed.deploy.app import write_app
-from lightning_fed.deploy.config import build_from_config
 
 pytestmark = pytest.mark.slow
 
 NUM_SITES = 3
-
-
-def _fitted(tmp_path: Path, config: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, torch.Tensor]:
-    """The model ``lightning-fed fit --config config`` trains."""
-    monkeypatch.chdir(tmp_path)
-    module, datamodule, trainer = build_from_config([config], save_config_callback=None)
-    trainer.fit(module, datamodule=datamodule)
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +49,7 @@ def simulation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "scaffold"])
-def test_the_simulation_engine_equals_the_fit(simulation, tmp_path, monkeypatch, algorithm):
+def test_the_simulation_engine_equals_the_fit(simulation, tmp_path, algorithm):
     env, _ = simulation
     config = write_config(tmp_path, algorithm)
     app = write_app([config], tmp_path / "app", name=f"sim-{algorithm}")
@@ -67,11 +57,11 @@ def test_the_simulation_engine_equals_the_fit(simulation, tmp_path, monkeypatch,
     flwr_run(env, app, "sim", f"workdir='{workdir}' state-dir='{state}'", timeout=600)
     model, summary = deployed(workdir)
     assert summary["completed_rounds"] == 3 and summary["rejected_clients_total"] == 0
-    assert_close_states(model, _fitted(tmp_path, config, monkeypatch))
+    assert_close_states(model, fitted_model(config, tmp_path / "fit"))
 
 
 @pytest.mark.timeout(900)
-def test_secure_aggregation_on_the_simulation_engine_stays_within_1e4_of_the_fit(simulation, tmp_path, monkeypatch):
+def test_secure_aggregation_on_the_simulation_engine_stays_within_1e4_of_the_fit(simulation, tmp_path):
     """SecAgg+'s four exchanges per round through Flower's runtime: the model after 3 rounds is the fit's up to the
     fixed point's rounding."""
     env, _ = simulation
@@ -81,13 +71,13 @@ def test_secure_aggregation_on_the_simulation_engine_stays_within_1e4_of_the_fit
     flwr_run(env, app, "sim", f"workdir='{workdir}' state-dir='{state}'", timeout=600)
     model, summary = deployed(workdir)
     assert summary["completed_rounds"] == 3 and summary["rejected_clients_total"] == 0
-    fitted = _fitted(tmp_path, config, monkeypatch)
+    fitted = fitted_model(config, tmp_path / "fit")
     largest = max(float((model[name].double() - value.double()).abs().max()) for name, value in fitted.items())
     assert 0.0 < largest <= 1e-4
 
 
 @pytest.mark.timeout(900)
-def test_a_local_deployment_of_three_supernodes_equals_the_fit(tmp_path, monkeypatch):
+def test_a_local_deployment_of_three_supernodes_equals_the_fit(tmp_path):
     home, port = tmp_path / "flwr-home", free_port()
     write_connection(home, "local-deployment", port)
     processes = Processes(flower_env(home), tmp_path)
@@ -104,6 +94,6 @@ def test_a_local_deployment_of_three_supernodes_equals_the_fit(tmp_path, monkeyp
     model, summary = deployed(tmp_path / "server")
     # Every client in every round: none was dropped or rejected, and the model is the fit's.
     assert summary["completed_rounds"] == 3 and summary["rejected_clients_total"] == 0
-    assert_close_states(model, _fitted(tmp_path, config, monkeypatch))
+    assert_close_states(model, fitted_model(config, tmp_path / "fit"))
     for site in range(NUM_SITES):
         assert any((tmp_path / f"site-{site}-state").rglob("*")), f"site {site} kept no client state"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.flower_configs import write_config
+from helpers.flower_configs import fitted_model, write_config
 
 pytest.importorskip("flwr", reason="Flower is the `flower` extra: pip install -e '.[flower]'")
 
@@ -64,16 +64,6 @@ def _deployed(
     return _model(module), summary, datamodule
 
 
-def _fitted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: Path) -> dict[str, torch.Tensor]:
-    """The model ``lightning-fed fit --config config`` trains."""
-    directory = tmp_path / "fit"
-    directory.mkdir()
-    monkeypatch.chdir(directory)
-    module, datamodule, trainer = build_from_config([config], save_config_callback=None)
-    trainer.fit(module, datamodule=datamodule)
-    return _model(module)
-
-
 def _model(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: value.detach().clone() for name, value in module.state_dict().items()}
 
@@ -98,7 +88,7 @@ def _accuracy(state: dict[str, torch.Tensor], config: Path, datamodule: Any) -> 
 def test_one_round_is_within_the_quantisation_bound_of_the_plain_fit(tmp_path, monkeypatch):
     config = _config(tmp_path, "fedavg", rounds=1)
     secure, summary, _ = _deployed(tmp_path, monkeypatch, config, "secagg")
-    plain = _fitted(tmp_path, monkeypatch, config)
+    plain = fitted_model(config, tmp_path / "fit")
     assert summary["completed_rounds"] == 1 and summary["rejected_clients_total"] == 0
     # Each client's p_i * w_i moves by less than one grid step, and so does its weight p_i, by which FedAvg divides.
     step_error = quantisation_bound(NUM_CLIENTS, CLIP, LEVELS)
@@ -111,7 +101,7 @@ def test_three_rounds_stay_within_1e4_and_half_an_accuracy_point_and_repeat_to_t
     config = _config(tmp_path, "fedavg", rounds=3)
     first, _, datamodule = _deployed(tmp_path, monkeypatch, config, "first")
     second, _, _ = _deployed(tmp_path, monkeypatch, config, "second")
-    plain = _fitted(tmp_path, monkeypatch, config)
+    plain = fitted_model(config, tmp_path / "fit")
     assert all(torch.equal(first[name], second[name]) for name in first), "two seeded runs differ"
     assert _largest_difference(first, plain) <= 1e-4
     assert abs(_accuracy(first, config, datamodule) - _accuracy(plain, config, datamodule)) <= 0.5
@@ -120,7 +110,7 @@ def test_three_rounds_stay_within_1e4_and_half_an_accuracy_point_and_repeat_to_t
 def test_scaffold_s_control_sums_travel_masked(tmp_path, monkeypatch):
     config = _config(tmp_path, "scaffold", rounds=2)
     secure, summary, _ = _deployed(tmp_path, monkeypatch, config, "scaffold")
-    plain = _fitted(tmp_path, monkeypatch, config)
+    plain = fitted_model(config, tmp_path / "fit")
     assert summary["completed_rounds"] == 2 and summary["rejected_clients_total"] == 0
     assert _largest_difference(secure, plain) <= 1e-4
 

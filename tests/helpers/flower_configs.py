@@ -5,7 +5,10 @@ The model and datamodule are lightning_fed's own classes, so that a ClientApp pr
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import torch
 
 #: The algorithms the Flower tests deploy, as the ``trainer.callbacks`` entry of the configuration.
 ALGORITHMS = {
@@ -59,3 +62,18 @@ def write_config(directory: Path, algorithm: str = "fedavg") -> Path:
     path = directory / f"{algorithm}.yaml"
     path.write_text(_CONFIG.format(callbacks=ALGORITHMS[algorithm]))
     return path
+
+
+def fitted_model(config: Path, directory: Path) -> dict[str, torch.Tensor]:
+    """The model ``lightning-fed fit --config config`` trains, run from ``directory`` (its run directory goes there)."""
+    from lightning_fed.deploy.config import build_from_config
+
+    directory.mkdir(parents=True, exist_ok=True)
+    previous = Path.cwd()
+    os.chdir(directory)
+    try:
+        module, datamodule, trainer = build_from_config([config], save_config_callback=None)
+        trainer.fit(module, datamodule=datamodule)
+    finally:
+        os.chdir(previous)
+    return {name: value.detach().clone() for name, value in module.state_dict().items()}
