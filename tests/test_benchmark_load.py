@@ -7,6 +7,7 @@ import os
 import pytest
 
 from benchmarks.load import (
+    OTHERS_TOLERANCE_CORES,
     UNRELIABLE_MARK,
     UNRELIABLE_NOTE,
     LoadRecord,
@@ -49,6 +50,26 @@ class TestIsReliable:
     def test_more_than_two_samples_are_judged_by_the_highest(self) -> None:
         assert not is_reliable([0.5, 0.6, 2.5, 0.4], cpus=2)
 
+    def test_measured_others_judge_instead_of_the_load(self) -> None:
+        # 2 Flower workers and their driver on 2 cores reach load 2.3 alone: the others' 0.02 cores say it was quiet.
+        assert is_reliable([2.3, 2.3], cpus=2, cores_used=2, others_cores=0.02)
+        # A quiet load average does not hide a job measured beside the run.
+        assert not is_reliable([0.5, 0.5], cpus=2, cores_used=2, others_cores=0.5)
+
+    def test_the_others_may_fill_the_cores_the_run_leaves_free_and_a_tolerance(self) -> None:
+        assert is_reliable([], cpus=2, cores_used=1, others_cores=1.0 + OTHERS_TOLERANCE_CORES)
+        assert not is_reliable([], cpus=2, cores_used=1, others_cores=1.0 + OTHERS_TOLERANCE_CORES + 0.01)
+        assert is_reliable([], cpus=2, cores_used=2, others_cores=OTHERS_TOLERANCE_CORES)
+        assert not is_reliable([], cpus=2, cores_used=2, others_cores=OTHERS_TOLERANCE_CORES + 0.01)
+
+    def test_measured_others_do_not_excuse_oversubscription_or_an_unknown_cpu_count(self) -> None:
+        assert not is_reliable([0.1, 0.1], cpus=1, cores_used=2, others_cores=0.0)
+        assert not is_reliable([0.1, 0.1], cpus=None, cores_used=1, others_cores=0.0)
+
+    def test_unmeasurable_others_fall_back_on_the_load(self) -> None:
+        assert not is_reliable([2.5, 2.5], cpus=2, cores_used=1, others_cores=float("nan"))
+        assert is_reliable([1.5, 1.5], cpus=2, cores_used=1, others_cores=float("nan"))
+
     def test_cores_used_must_be_positive(self) -> None:
         with pytest.raises(ValueError, match="cores_used"):
             is_reliable([0.1, 0.1], cpus=2, cores_used=0)
@@ -77,6 +98,19 @@ class TestFormat:
         assert mark([LoadRecord(0.5, 0.5, 2), LoadRecord(0.5, 1.5, 2)]) == ""
         assert mark([]) == UNRELIABLE_MARK  # no sample: nothing shows it was quiet
 
+    def test_measured_others_are_shown_and_named_when_too_many(self) -> None:
+        quiet = LoadRecord(0.9, 2.3, 2, cores_used=2, others_cores=0.02)
+        assert describe(quiet) == "load average 0.9 → 2.3 on 2 CPUs, others 0.02 cores (reliable)"
+        busy = LoadRecord(0.9, 1.9, 2, cores_used=2, others_cores=0.85)
+        assert describe(busy) == (
+            "UNRELIABLE: others 0.85 cores > 0.10 left free (load average 0.9 → 1.9 on 2 CPUs, 2 cores used)"
+        )
+
+    def test_footnote_gives_the_range_of_the_measured_others(self) -> None:
+        records = [LoadRecord(0.5, 2.2, 2, 2, 0.01), LoadRecord(0.6, 2.3, 2, 2, 0.04)]
+        expected = "load average 0.5–2.3, others 0.01–0.04 cores, over 2 timed runs on 2 CPUs (all reliable)"
+        assert footnote(records) == expected
+
     def test_footnote_of_one_run_is_its_description(self) -> None:
         assert footnote([LoadRecord(0.9, 1.1, 2)]) == "load average 0.9 → 1.1 on 2 CPUs (reliable)"
 
@@ -89,8 +123,12 @@ class TestFormat:
     def test_round_trip_through_json_keeps_the_samples(self) -> None:
         record = LoadRecord(0.5, 2.5, 2, cores_used=1)
         data = record.to_dict()
-        assert data == {"before": 0.5, "after": 2.5, "cpus": 2, "cores_used": 1, "reliable": False}
+        expected = {"before": 0.5, "after": 2.5, "cpus": 2, "cores_used": 1, "others_cores": None, "reliable": False}
+        assert data == expected
         assert LoadRecord.from_dict(data) == record
+        measured = LoadRecord(0.5, 2.5, 2, cores_used=2, others_cores=0.03)
+        assert measured.to_dict()["reliable"] is True
+        assert LoadRecord.from_dict(measured.to_dict()) == measured
 
 
 class TestRecorder:
@@ -99,7 +137,7 @@ class TestRecorder:
         monkeypatch.setattr(os, "getloadavg", lambda: next(samples))
         monkeypatch.setattr(os, "cpu_count", lambda: 2)
         inside = []
-        with LoadRecorder(cores_used=1) as load:
+        with LoadRecorder(cores_used=1, measure_others=False) as load:
             inside.append((load.record.before, load.record.after))
         assert inside == [(0.4, None)]  # the second sample waits for the block to end
         assert load.record == LoadRecord(0.4, 1.7, 2, 1)
@@ -108,7 +146,7 @@ class TestRecorder:
     def test_records_the_after_sample_when_the_block_raises(self, monkeypatch: pytest.MonkeyPatch) -> None:
         samples = iter([(0.4, 0.0, 0.0), (3.0, 0.0, 0.0)])
         monkeypatch.setattr(os, "getloadavg", lambda: next(samples))
-        recorder = LoadRecorder(cpu_count=lambda: 2)
+        recorder = LoadRecorder(cpu_count=lambda: 2, measure_others=False)
         with pytest.raises(RuntimeError), recorder:
             raise RuntimeError("the run failed")
         assert recorder.record.after == 3.0
@@ -117,7 +155,7 @@ class TestRecorder:
     def test_without_getloadavg_the_load_is_unknown(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delattr(os, "getloadavg")
         assert read_load() is None
-        with LoadRecorder(cpu_count=lambda: 2) as load:
+        with LoadRecorder(cpu_count=lambda: 2, measure_others=False) as load:
             pass
         assert load.record == LoadRecord(None, None, 2, 1)
         assert not load.record.reliable
@@ -147,7 +185,9 @@ class TestWaitForQuiet:
     def test_the_recorder_waits_before_its_first_sample(self) -> None:
         loads = iter([5.0, 1.0, 1.0, 1.2])
         naps: list[float] = []
-        recorder = LoadRecorder(wait_quiet_s=30.0, sample=lambda: next(loads), cpu_count=lambda: 2, sleep=naps.append)
+        recorder = LoadRecorder(
+            wait_quiet_s=30.0, sample=lambda: next(loads), cpu_count=lambda: 2, sleep=naps.append, measure_others=False
+        )
         with recorder:
             pass
         assert len(naps) == 1  # 5.0 is above 2 CPUs, 1.0 is not: one nap between the two polls

@@ -186,8 +186,9 @@ def run_one(
     (run_dir / "summary.json").unlink(missing_ok=True)
     args = fit_args(experiment, profile, run_dir, root, wandb, extra)
     command = shown_command(args, root)
-    # The run's own cores are its threads; the other workers running beside it count as the load of others.
-    with LoadRecorder(threads) as load:
+    # The run's own cores are its threads; the other workers running beside it count as the load of others. They
+    # are started from threads of this same process, so they share its process tree: the load average judges alone.
+    with LoadRecorder(threads, measure_others=False) as load:
         start = time.perf_counter()
         missing = experiment.missing_configs(root)
         if missing:
