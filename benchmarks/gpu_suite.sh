@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# The GPU measurements of the project in one call, for a machine with one CUDA device (nothing else depends on one):
-# the card and software, the mixed-precision smoke run of every algorithm family, and batched clients
-# (client_parallelism) against sequential clients for the 2NN and the CNN at 100 and 1 000 clients, fp32 and bf16.
+# The GPU measurements of the project, for a machine with one CUDA device (nothing else depends on one):
+#   smoke    the card and software, and the mixed-precision smoke run of every algorithm family (about 1 min);
+#   batched  batched clients (client_parallelism) against sequential clients for the 2NN and the CNN at 100 and
+#            1 000 clients, fp32 and bf16 (about 7 min);
+#   speed    the cross-silo speed workload (10 clients x 6 000 Fashion-MNIST images, LeNet-5, batch 32) three ways:
+#            lightning_fed, a plain PyTorch loop and a Lightning Trainer per client (about 4 min).
 # Each step has its own time limit, so a slow step costs only itself; every log goes to the folder given (default
-# gpu_logs/), and the tables are printed last.
+# gpu_logs/), and the tables are printed last. Name steps to run only those (a device that allows 10 minutes per
+# call takes `smoke batched`, then `speed`):
 #
-#     bash benchmarks/gpu_suite.sh [log folder]
+#     bash benchmarks/gpu_suite.sh [log folder] [smoke] [batched] [speed]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs="${1:-gpu_logs}"
+shift $(($# > 0 ? 1 : 0))
+steps="${*:-smoke batched speed}"
 mkdir -p "$logs"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" WANDB_MODE=offline
 python3=${PYTHON:-python3}
@@ -28,16 +34,25 @@ step() {  # step <seconds> <log name> <command...>
     echo "exit $? after $((SECONDS - start)) s" >> "$logs/$name.txt"
 }
 
-step 80 smoke "$python3" benchmarks/gpu_smoke.py --precision bf16-mixed --rounds 2
-for precision in 32-true bf16-mixed; do
-    for model in 2nn cnn; do
-        step 110 "batched_${model}_${precision}" "$python3" benchmarks/batched.py --device cuda \
-            --precision "$precision" --models "$model" --clients 100 1000 --parallelism auto --repeats 3
+if [[ " $steps " == *" smoke "* ]]; then
+    step 80 smoke "$python3" benchmarks/gpu_smoke.py --precision bf16-mixed --rounds 2
+fi
+if [[ " $steps " == *" batched "* ]]; then
+    for precision in 32-true bf16-mixed; do
+        for model in 2nn cnn; do
+            step 110 "batched_${model}_${precision}" "$python3" benchmarks/batched.py --device cuda \
+                --precision "$precision" --models "$model" --clients 100 1000 --parallelism auto --repeats 3
+        done
     done
-done
+fi
+if [[ " $steps " == *" speed "* ]]; then
+    step 300 speed_cross_silo "$python3" benchmarks/speed.py --device cuda --samples-per-client 0 \
+        --batch-sizes 32 --rounds 3 --repeats 3
+fi
 
 cat "$logs/machine.txt"
-for log in "$logs"/smoke.txt "$logs"/batched_*.txt; do
+for log in "$logs"/smoke.txt "$logs"/batched_*.txt "$logs"/speed_*.txt; do
+    [[ -f "$log" ]] || continue
     echo "== $log"
     grep -E '^\||x$|exit|max \||s/round|Error|error' "$log" | tail -40
 done

@@ -33,6 +33,10 @@ Every timed run records the 1-minute load average before and after it (``benchma
 with the load line, and a figure built from a run at a load above the CPU count is marked ``*`` (unreliable).
 ``--wait-quiet SECONDS`` waits up to that long for the load to fall before each timed run.
 
+``--device cuda`` runs all three ways on one GPU (fp32; the plain loop keeps the model there and copies each batch
+to it, as Lightning does for the other two; every clock reading waits for the queued kernels first). ``--scaling``
+stays on CPU processes.
+
 Threads: ``--threads 1`` by default. With torch's default (one thread per core) on a 2-core machine that other
 processes also use, OpenMP's spinning worker threads wait for descheduled peers and a LeNet-5 step took 80-260 ms
 instead of 3-4 ms with one thread (measured on the 2-core development VM under a load average of 2-5): the run then
@@ -163,8 +167,11 @@ class FedAvgAccumulator:
         return new
 
 
-def now() -> np.ndarray:
-    """(wall-clock time, CPU time of this process) in seconds."""
+def now(device: str = "cpu") -> np.ndarray:
+    """(wall-clock time, CPU time of this process) in seconds, once the device's queued work is done (CUDA runs
+    asynchronously: without the synchronisation a round would end before its kernels do)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
     return np.array([time.perf_counter(), time.process_time()])
 
 
@@ -190,26 +197,31 @@ def benchmark_trainer(rounds: int, num_clients: int, seed: int, root: str, **kwa
     return FederatedTrainer(**{**settings, **kwargs})
 
 
-def run_lightning_fed(dm: FashionMNISTFederated, rounds: int, seed: int, root: str) -> tuple[np.ndarray, StateDict]:
+def run_lightning_fed(
+    dm: FashionMNISTFederated, rounds: int, seed: int, root: str, device: str = "cpu"
+) -> tuple[np.ndarray, StateDict]:
     """(a): wall time of ``trainer.fit`` for ``rounds`` rounds (construction of the trainer not included)."""
     module = make_module(seed)
-    trainer = benchmark_trainer(rounds, dm.num_clients, seed, root)
-    start = now()
+    trainer = benchmark_trainer(rounds, dm.num_clients, seed, root, accelerator=device)
+    start = now(device)
     trainer.fit(module, datamodule=dm)
-    elapsed = now() - start
+    elapsed = now(device) - start
     return elapsed, {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def run_plain(dm: FashionMNISTFederated, rounds: int, seed: int, root: str) -> tuple[list[np.ndarray], StateDict]:
-    """(b): hand-written FedAvg; returns the wall time of every round."""
-    module = make_module(seed)
+def run_plain(
+    dm: FashionMNISTFederated, rounds: int, seed: int, root: str, device: str = "cpu"
+) -> tuple[list[np.ndarray], StateDict]:
+    """(b): hand-written FedAvg; returns the wall time of every round. On a GPU the model stays there and every
+    batch is copied to it, as Lightning does for the other two ways."""
+    module = make_module(seed).to(device)
     clients = list(range(dm.num_clients))
     num_samples = {cid: dm.client_num_samples(cid) for cid in clients}
     lr = module.hparams.lr
     global_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
     times = []
     for round_idx in range(rounds):
-        start = now()
+        start = now(device)
         average = FedAvgAccumulator(num_samples)
         for cid in clients:
             module.load_state_dict(global_state)
@@ -218,19 +230,20 @@ def run_plain(dm: FashionMNISTFederated, rounds: int, seed: int, root: str) -> t
             optimizer = torch.optim.SGD(module.parameters(), lr=lr)
             module.train()
             for x, y in loader:
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 loss = F.cross_entropy(module(x), y)
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
             average.add(cid, module.state_dict())
         global_state = average.result(global_state)
-        times.append(now() - start)
+        times.append(now(device) - start)
     module.load_state_dict(global_state)
     return times, global_state
 
 
 def run_trainer_per_client(
-    dm: FashionMNISTFederated, rounds: int, seed: int, root: str
+    dm: FashionMNISTFederated, rounds: int, seed: int, root: str, device: str = "cpu"
 ) -> tuple[list[np.ndarray], StateDict]:
     """(c): a fresh ``lightning.pytorch.Trainer`` per client per round; returns the wall time of every round."""
     module = make_module(seed)
@@ -239,7 +252,7 @@ def run_trainer_per_client(
     global_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
     times = []
     for round_idx in range(rounds):
-        start = now()
+        start = now(device)
         average = FedAvgAccumulator(num_samples)
         for cid in clients:
             module.load_state_dict(global_state)
@@ -252,14 +265,14 @@ def run_trainer_per_client(
                 enable_progress_bar=False,
                 enable_model_summary=False,
                 num_sanity_val_steps=0,
-                accelerator="cpu",
+                accelerator=device,
                 devices=1,
                 default_root_dir=root,
             )
             trainer.fit(module, train_dataloaders=loader)
             average.add(cid, module.state_dict())
         global_state = average.result(global_state)
-        times.append(now() - start)
+        times.append(now(device) - start)
     module.load_state_dict(global_state)
     return times, global_state
 
@@ -286,7 +299,7 @@ def silence_lightning() -> None:
 
 
 def max_abs_diff(a: StateDict, b: StateDict) -> float:
-    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+    return max(float((a[k].double().cpu() - b[k].double().cpu()).abs().max()) for k in a)
 
 
 def make_datamodule(args: argparse.Namespace, batch_size: int) -> FashionMNISTFederated:
@@ -302,10 +315,11 @@ def make_datamodule(args: argparse.Namespace, batch_size: int) -> FashionMNISTFe
 def measure(args: argparse.Namespace, batch_size: int, root: str) -> dict[str, Any]:
     dm = make_datamodule(args, batch_size)
     rounds = args.rounds
-    with quiet():  # warm-up: lazy imports, first-call allocations
-        run_lightning_fed(dm, 1, args.seed, root)
-        run_plain(dm, 1, args.seed, root)
-        run_trainer_per_client(dm, 1, args.seed, root)
+    device = args.device
+    with quiet():  # warm-up: lazy imports, first-call allocations (and CUDA's start-up and kernel choice)
+        run_lightning_fed(dm, 1, args.seed, root, device)
+        run_plain(dm, 1, args.seed, root, device)
+        run_trainer_per_client(dm, 1, args.seed, root, device)
     per_round: dict[str, list[np.ndarray]] = {"a": [], "b": [], "c": []}  # (wall, cpu) per repeat
     loads: dict[str, list[LoadRecord]] = {"a": [], "b": [], "c": []}  # around every timed run of each way
     finals: dict[str, StateDict] = {}
@@ -313,16 +327,16 @@ def measure(args: argparse.Namespace, batch_size: int, root: str) -> dict[str, A
     for repeat in range(args.repeats):
         with quiet():
             with LoadRecorder(cores, args.wait_quiet) as load:
-                t1, _ = run_lightning_fed(dm, 1, args.seed, root)
-                tr, finals["a"] = run_lightning_fed(dm, rounds, args.seed, root)
+                t1, _ = run_lightning_fed(dm, 1, args.seed, root, device)
+                tr, finals["a"] = run_lightning_fed(dm, rounds, args.seed, root, device)
             per_round["a"].append((tr - t1) / (rounds - 1))
             loads["a"].append(load.record)
             with LoadRecorder(cores, args.wait_quiet) as load:
-                times, finals["b"] = run_plain(dm, rounds, args.seed, root)
+                times, finals["b"] = run_plain(dm, rounds, args.seed, root, device)
             per_round["b"].append((sum(times) - times[0]) / (rounds - 1))
             loads["b"].append(load.record)
             with LoadRecorder(cores, args.wait_quiet) as load:
-                times, finals["c"] = run_trainer_per_client(dm, rounds, args.seed, root)
+                times, finals["c"] = run_trainer_per_client(dm, rounds, args.seed, root, device)
             per_round["c"].append((sum(times) - times[0]) / (rounds - 1))
             loads["c"].append(load.record)
         print(
@@ -553,11 +567,21 @@ def main() -> None:
         help="only compare lightning_fed on 1 process against --processes processes (strategy='ddp', gloo, CPU)",
     )
     parser.add_argument("--processes", type=int, default=2, help="processes for --scaling (default 2)")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where all three ways train (default cpu); cuda: one GPU, fp32, batches copied from the host",
+    )
     parser.add_argument("--scaling-worker", default=None, help=argparse.SUPPRESS)
     add_wait_quiet_argument(parser)
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be >= 2 (the per-round time is (T_R - T_1) / (R - 1)).")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here; run with --device cpu, or on a machine with one.")
+    if args.device == "cuda" and (args.scaling or args.scaling_worker):
+        parser.error("--scaling compares CPU processes (ddp, gloo); leave out --device cuda.")
     if args.threads:
         torch.set_num_threads(args.threads)
     silence_lightning()
@@ -575,7 +599,8 @@ def main() -> None:
     print(
         f"FedAvg, LeNet-5 on Fashion-MNIST, {args.clients} clients x {data}, all clients every round, 1 local epoch, "
         f"SGD lr=0.01; {args.rounds} rounds per timed run, {args.repeats} repeats; torch {torch.__version__}, "
-        f"lightning {pl.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs",
+        f"lightning {pl.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs"
+        + (f", {torch.cuda.get_device_name(0)}" if args.device == "cuda" else ""),
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="lightning_fed_bench_") as root:
