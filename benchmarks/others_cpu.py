@@ -150,6 +150,7 @@ class OthersCpuMeter:
         self._sampler: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> OthersCpuMeter:
+        self.cores = self.others_cpu_s = self.tree_cpu_s = self.wall_s = None  # nothing left from an earlier block
         if not (PROC / "stat").exists():
             return self
         command = [sys.executable, str(Path(__file__).resolve()), "--root", str(self.root_pid)]
