@@ -206,6 +206,35 @@ def run_search(comparison: Comparison, score_of: Any, ladder: Ladder | None = No
         ladder = outcome.next_ladder
 
 
+def own_grid_edges(comparison: Comparison, run: str, suffix: str) -> list[str]:
+    """Where the setting ``suffix`` of ``run`` sits at an end of the method's own grid, e.g.
+    ``["FedGG.mu=1 (highest)"]``; empty for an interior setting and for a method without own settings.
+
+    PROTOCOL.md does not extend own grids (the budgets stay equal) but has the report mark such a choice. Keys that
+    move in lockstep over the grid (FedAMP's α_k and λ follow σ) are named once, by the first of them.
+    """
+    own = comparison.methods[run]
+    if own is None:
+        return []
+    chosen = own[int(suffix.split("k", 1)[1])]
+    edges: list[str] = []
+    orders_seen: list[tuple[int, ...]] = []
+    for key in chosen:
+        values = [setting[key] for setting in own]
+        distinct = sorted(set(values))
+        if len(distinct) < 2:
+            continue
+        order = tuple(distinct.index(value) for value in values)
+        if order in orders_seen:
+            continue
+        orders_seen.append(order)
+        if chosen[key] == distinct[0]:
+            edges.append(f"{key}={chosen[key]:g} (lowest)")
+        elif chosen[key] == distinct[-1]:
+            edges.append(f"{key}={chosen[key]:g} (highest)")
+    return edges
+
+
 # Claim 5: FedCurv's λ at η = 0.01, by the paper's criterion.
 
 #: Stage ×10 (PROTOCOL.md), and the bounds an edge extension may reach.
@@ -265,6 +294,7 @@ __all__ = [
     "fewest_rounds_choice",
     "ladder_cells",
     "next_cell",
+    "own_grid_edges",
     "run_search",
     "search_settings",
 ]

@@ -25,6 +25,8 @@ from benchmarks.load import LoadRecord, LoadRecorder, mark
 from benchmarks.reproduce.experiments import Experiment
 
 OK, FAILED = "ok", "failed"
+NOT_RUN = "not run (no status.json)"
+"""The error of a :class:`RunResult` that :func:`load_results` makes up for a run that never started."""
 _LOG_TAIL_CHARS = 2000
 
 
@@ -263,7 +265,7 @@ def load_results(out_dir: Path, experiments: Sequence[Experiment]) -> list[RunRe
                     str(run_dir),
                     0.0,
                     "",
-                    "not run (no status.json)",
+                    NOT_RUN,
                     experiment.name,
                     experiment.seed,
                 )
@@ -273,6 +275,7 @@ def load_results(out_dir: Path, experiments: Sequence[Experiment]) -> list[RunRe
 
 __all__ = [
     "FAILED",
+    "NOT_RUN",
     "OK",
     "RunResult",
     "WandbOptions",

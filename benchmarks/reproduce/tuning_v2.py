@@ -21,11 +21,15 @@ from benchmarks.reproduce.fair_search import (
     Assessment,
     Comparison,
     Ladder,
+    best_suffix,
+    cell_of,
     fewest_rounds_choice,
+    ladder_cells,
+    own_grid_edges,
     search_settings,
 )
 from benchmarks.reproduce.measures import MissingMetricError
-from benchmarks.reproduce.runner import RunResult
+from benchmarks.reproduce.runner import NOT_RUN, RunResult
 from benchmarks.reproduce.tuning import Setting, _tuning_args, compose, selection_metric, setting_overrides
 
 _M = 20  # clients on the FedAMP splits
@@ -147,13 +151,15 @@ def ladder_runs(
 def scores_of(
     comparison: Comparison, ladder: Ladder, results: Mapping[str, RunResult]
 ) -> dict[str, dict[str, float | None]]:
-    """Run -> suffix -> validation score (``None``: failed or not run)."""
+    """Run -> suffix -> validation score (``None``: the run failed); a setting that has not run has no entry."""
     scores: dict[str, dict[str, float | None]] = {}
     for run in comparison.methods:
         metric = selection_metric(run)
         scores[run] = {}
         for suffix in search_settings(comparison, run, ladder):
             result = results.get(f"{run}__{suffix}")
+            if result is None or result.error == NOT_RUN:
+                continue
             try:
                 scores[run][suffix] = metric(result.summary()) if result is not None and result.ok else None
             except MissingMetricError:
@@ -188,8 +194,9 @@ def write_report(
     fedcurv: Mapping[float, tuple[float | None, float]],
     context: Mapping[str, str],
 ) -> Path:
-    """``TUNING.md``: per comparison, each method's budget, choice and status (interior / edge / bounded), then
-    every setting's validation score; claim 5's λ table."""
+    """``TUNING.md``: per comparison, each method's budget, choice and status (interior / edge / bounded by the
+    learning-rate rule, plus *edge (own grid)* where the choice sits at an end of the method's own grid), then the
+    search table with every setting's validation score; claim 5's λ table."""
     lines = ["# Hyperparameter search, protocol v2 (validation data only; PROTOCOL.md)", ""]
     lines += [f"- {key}: {value}" for key, value in context.items()] + [""]
     for comparison, ladder, outcome, scores in outcomes:
@@ -202,12 +209,17 @@ def write_report(
         for run in comparison.methods:
             run_scores = scores.get(run, {})
             settings = search_settings(comparison, run, ladder)
-            scored = {suffix: score for suffix, score in run_scores.items() if score is not None}
-            best = max(scored, key=lambda suffix: scored[suffix]) if scored else None
+            # The same choice as the preset written from it (ties: the lower cell, then the first setting).
+            best = best_suffix(run_scores)
             choice = "–" if best is None else ", ".join(f"{k}={v:g}" for k, v in settings[best].items())
-            score = "–" if best is None else f"{100 * scored[best]:.2f}"
-            lines.append(f"| {run} | {len(settings)} | {choice} | {score} | {outcome.status.get(run, '–')} |")
-        lines.append("")
+            best_score = None if best is None else run_scores[best]
+            score = "–" if best_score is None else f"{100 * best_score:.2f}"
+            status = outcome.status.get(run, "–")
+            edges = [] if best is None else own_grid_edges(comparison, run, best)
+            if edges:
+                status += "; edge (own grid): " + ", ".join(edges)
+            lines.append(f"| {run} | {len(settings)} | {choice} | {score} | {status} |")
+        lines += ["", *_search_table(comparison, ladder, scores), ""]
     if fedcurv:
         choice = fewest_rounds_choice(fedcurv)
         lines += [
@@ -224,6 +236,36 @@ def write_report(
     path = out_dir / "TUNING.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _search_table(
+    comparison: Comparison, ladder: Ladder, scores: Mapping[str, Mapping[str, float | None]]
+) -> list[str]:
+    """Every setting's validation score (%): a row per method and own setting (or per rate j of a method without
+    own settings, whose rate is given in its cell), a column per learning-rate cell; "–" not run yet, "failed"."""
+    cells = ladder_cells(comparison, ladder)
+    lines = [
+        f"Search table, {comparison.name} (validation score, %; columns: the learning-rate cells):",
+        "",
+        "| run | setting | " + " | ".join(f"lr {lr:g}" for lr in cells.values()) + " |",
+        "|---|---|" + "---:|" * len(cells),
+    ]
+    for run in comparison.methods:
+        settings = search_settings(comparison, run, ladder)
+        run_scores = scores.get(run, {})
+        own = comparison.methods[run]
+        for j in range(comparison.k):
+            label = (
+                f"rate {j + 1} of {comparison.k}" if own is None else ", ".join(f"{k}={v:g}" for k, v in own[j].items())
+            )
+            row = []
+            for index in cells:
+                suffix = next(x for x in settings if cell_of(x) == index and x.endswith(f"k{j}"))
+                score = run_scores.get(suffix)
+                text = "–" if suffix not in run_scores else "failed" if score is None else f"{100 * score:.2f}"
+                row.append(f"{text} (lr {settings[suffix]['lr']:g})" if own is None else text)
+            lines.append(f"| {run} | {label} | " + " | ".join(row) + " |")
+    return lines
 
 
 __all__ = [

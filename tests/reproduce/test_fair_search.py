@@ -14,6 +14,7 @@ from benchmarks.reproduce.fair_search import (
     fewest_rounds_choice,
     ladder_cells,
     next_cell,
+    own_grid_edges,
     run_search,
     search_settings,
 )
@@ -158,3 +159,21 @@ def test_a_choice_next_to_a_cell_without_scores_is_not_called_interior():
     outcome = assess(_TOY, Ladder(), scores)
     assert outcome.status == {"a": "edge: no score at lr 0.3", "b": "interior"}
     assert outcome.next_ladder is None
+
+
+def test_a_choice_at_an_end_of_its_own_grid_is_named_once_per_independent_key():
+    by_name = {comparison.name: comparison for comparison in COMPARISONS}
+    dirichlet, practical = by_name["Dirichlet 0.1"], by_name["practical"]
+    # FedGG's μ grid is 0.001, 0.01, 0.1, 1: the ends are marked, the middle is not, whatever the cell.
+    assert own_grid_edges(dirichlet, "fedgg_fmnist_beta01", "c1k3") == ["FedGG.mu=1 (highest)"]
+    assert own_grid_edges(dirichlet, "fedgg_fmnist_beta01", "cm1k0") == ["FedGG.mu=0.001 (lowest)"]
+    assert own_grid_edges(dirichlet, "fedgg_fmnist_beta01", "c2k1") == []
+    assert own_grid_edges(dirichlet, "fedavg_fmnist_beta01", "c0k0") == []  # no own grid: the rates are the lr rule's
+    # FedAMP's α_k and λ follow σ: one mark, by σ.
+    assert own_grid_edges(practical, "practical_fedamp", "c0k0") == ["FedAMP.sigma=0.1 (lowest)"]
+    assert own_grid_edges(practical, "practical_fedamp", "c0k1") == []
+    # HeurFedAMP's σ and ξ_ii vary independently on 2 values each: every choice is at an end of both.
+    assert own_grid_edges(practical, "practical_heurfedamp", "c1k3") == [
+        "HeurFedAMP.sigma=1000 (highest)",
+        "HeurFedAMP.self_weight=0.6 (highest)",
+    ]

@@ -11,7 +11,9 @@ import pytest
 import yaml
 
 from benchmarks.reproduce import command, tune_v2_command
+from benchmarks.reproduce.fair_search import Comparison, Ladder, assess, search_settings
 from benchmarks.reproduce.runner import OK, RunResult, run_dir_of
+from benchmarks.reproduce.tuning_v2 import write_report
 
 ROOT = Path(__file__).parents[2]
 DIRICHLET = ("fedgg_fmnist_beta01", "fedavg_fmnist_beta01", "fedprox_fmnist_beta01", "scaffold_fmnist_beta01")
@@ -78,8 +80,19 @@ def test_tune_v2_loop_extends_edges_runs_lambda_stages_and_replays(tmp_path, mon
         row = next(line for line in section.splitlines() if line.startswith(f"| {run} |"))
         cells = [cell.strip() for cell in row.split("|")[1:-1]]
         assert cells[1] == "20", row  # 5 cells x 4 settings, the same for every method
-        assert cells[4] == "interior", row
-        assert "lr=0.1" in cells[2] or run in ("fedavg_fmnist_beta01", "scaffold_fmnist_beta01"), row
+        own = run in ("fedgg_fmnist_beta01", "fedprox_fmnist_beta01")
+        assert "lr=0.1" in cells[2] or not own, row
+        # The fake score ignores μ, so the tie goes to the first μ: the lowest of the method's own grid, which the
+        # protocol does not extend but marks.
+        assert cells[4] == (
+            "interior; edge (own grid): " + ("FedGG" if "fedgg" in run else "FedProx") + ".mu=0.001 (lowest)"
+            if own
+            else "interior"
+        ), row
+        # The search table: K rows per method, one column per cell, every setting's score.
+        table_rows = [line for line in section.splitlines() if line.startswith(f"| {run} | ") and line != row]
+        assert len(table_rows) == 4 and all(line.count("|") == 2 + 1 + 5 for line in table_rows), table_rows
+        assert "–" not in "".join(table_rows)
     assert "| **0.1** |" in report and "| 0.05 |" in report and "| 0.2 |" in report
     assert not (root / "configs" / "tuned_v2").exists()
 
@@ -96,3 +109,21 @@ def test_tune_v2_loop_extends_edges_runs_lambda_stages_and_replays(tmp_path, mon
     assert 0.1 / math.sqrt(10) ** 0.5 < fedavg["model"]["init_args"]["lr"] < 0.1 * math.sqrt(10) ** 0.5
     assert "FedCurv.lam=0.1" in (tuned / "fedcurv_paper.yaml").read_text()
     assert "[reproduce] v2 tuning report:" in capsys.readouterr().out
+
+
+def test_the_search_table_tells_a_failed_setting_from_one_not_run_yet(tmp_path):
+    toy = Comparison("toy", (0.03, 0.1), 2, {"own": ({"mu": 1}, {"mu": 2}), "plain": None})
+    scores = {"own": {"c0k0": 0.5, "c0k1": None, "c1k0": 0.75}, "plain": {"c0k0": 0.25}}
+    outcome = assess(toy, Ladder(), scores)
+    report = write_report(tmp_path, [(toy, Ladder(), outcome, scores)], {}, {}).read_text()
+    rows = [line for line in report.splitlines() if line.startswith(("| own | mu=", "| plain | rate"))]
+    rate = {suffix: f"{setting['lr']:g}" for suffix, setting in search_settings(toy, "plain", Ladder()).items()}
+    assert rows == [
+        "| own | mu=1 | 50.00 | 75.00 |",
+        "| own | mu=2 | failed | – |",
+        f"| plain | rate 1 of 2 | 25.00 (lr {rate['c0k0']}) | – (lr {rate['c1k0']}) |",
+        f"| plain | rate 2 of 2 | – (lr {rate['c0k1']}) | – (lr {rate['c1k1']}) |",
+    ]
+    # own's best (mu=1 at lr 0.1) is the top cell and the low end of its own grid; plain's is the bottom cell.
+    assert "| own | 4 | mu=1, lr=0.1 | 75.00 | edge: high; edge (own grid): mu=1 (lowest) |" in report
+    assert f"| plain | 4 | lr={rate['c0k0']} | 25.00 | edge: low |" in report
