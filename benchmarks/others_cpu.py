@@ -91,7 +91,7 @@ class TreeAccount:
     def add(self, table: dict[ProcessKey, ProcessSample]) -> None:
         """Takes one sample: finds the tree's processes in it and keeps their CPU times."""
         key_of = {key[0]: key for key in table}
-        for key in table:
+        for key in table.keys() - self._tree:  # once in the tree, always in it: only newcomers are walked
             if self._in_tree(key, table, key_of):
                 self._tree.add(key)
         for key in self._tree & table.keys():
@@ -119,11 +119,17 @@ class TreeAccount:
         return sum(self._latest[key] - self._start[key] for key in self._latest)
 
 
+def others_cpu_seconds(busy_ticks: int, tree_ticks: int, clock_ticks: int) -> float:
+    """The others' CPU time: (busy - tree) / clock_ticks seconds, never below 0 (the tree's count can pass the busy
+    time by a tick of rounding)."""
+    return max(0, busy_ticks - tree_ticks) / clock_ticks
+
+
 def others_cores(busy_ticks: int, tree_ticks: int, wall_s: float, clock_ticks: int) -> float:
-    """The cores the others kept busy on average: (busy - tree) / clock_ticks / wall_s, never below 0."""
+    """The cores the others kept busy on average: :func:`others_cpu_seconds` per second of ``wall_s``."""
     if wall_s <= 0:
         return 0.0
-    return max(0, busy_ticks - tree_ticks) / clock_ticks / wall_s
+    return others_cpu_seconds(busy_ticks, tree_ticks, clock_ticks) / wall_s
 
 
 class OthersCpuMeter:
@@ -178,7 +184,7 @@ class OthersCpuMeter:
             result = json.loads(output.strip().splitlines()[-1])
             busy, tree, ticks = result["busy_ticks"], result["tree_ticks"], result["clock_ticks"]
             self.wall_s, self.tree_cpu_s = float(result["wall_s"]), tree / ticks
-            self.others_cpu_s = max(0, busy - tree) / ticks
+            self.others_cpu_s = others_cpu_seconds(busy, tree, ticks)
             self.cores = others_cores(busy, tree, self.wall_s, ticks)
         except (subprocess.TimeoutExpired, ValueError, IndexError, KeyError):
             sampler.kill()

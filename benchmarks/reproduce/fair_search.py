@@ -99,14 +99,16 @@ def cell_settings(comparison: Comparison, run: str, lr: float) -> tuple[Setting,
     return tuple({**setting, "lr": lr} for setting in own)
 
 
-def _cell_tag(index: int) -> str:
-    return f"c{index}" if index >= 0 else f"cm{-index}"
+def setting_suffix(cell_index: int, j: int) -> str:
+    """The tuning-run suffix of the ``j``-th setting in cell ``cell_index``: ``c<cell>k<j>`` (``cm<n>`` below the
+    initial cells), stable when the ladder grows."""
+    return f"{f'c{cell_index}' if cell_index >= 0 else f'cm{-cell_index}'}k{j}"
 
 
 def search_settings(comparison: Comparison, run: str, ladder: Ladder) -> dict[str, Setting]:
     """Tuning-run suffix (``c<cell>k<j>``, stable when the ladder grows) -> setting, for every cell of the ladder."""
     return {
-        f"{_cell_tag(index)}k{j}": setting
+        setting_suffix(index, j): setting
         for index, lr in ladder_cells(comparison, ladder).items()
         for j, setting in enumerate(cell_settings(comparison, run, lr))
     }
@@ -123,12 +125,13 @@ def best_suffix(scores: Mapping[str, float | None]) -> str | None:
     scored = [(score, -cell_of(suffix), suffix) for suffix, score in scores.items() if score is not None]
     if not scored:
         return None
-    best = max(scored, key=lambda item: (item[0], item[1], _neg_k(item[2])))
+    best = max(scored, key=lambda item: (item[0], item[1], -setting_index(item[2])))
     return best[2]
 
 
-def _neg_k(suffix: str) -> int:
-    return -int(suffix.split("k", 1)[1])
+def setting_index(suffix: str) -> int:
+    """The setting's position ``j`` within its cell, from a suffix of :func:`setting_suffix`."""
+    return int(suffix.split("k", 1)[1])
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,7 @@ def own_grid_edges(comparison: Comparison, run: str, suffix: str) -> list[str]:
     own = comparison.methods[run]
     if own is None:
         return []
-    chosen = own[int(suffix.split("k", 1)[1])]
+    chosen = own[setting_index(suffix)]
     edges: list[str] = []
     orders_seen: list[tuple[int, ...]] = []
     for key in chosen:
@@ -297,4 +300,6 @@ __all__ = [
     "own_grid_edges",
     "run_search",
     "search_settings",
+    "setting_index",
+    "setting_suffix",
 ]

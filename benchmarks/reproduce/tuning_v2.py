@@ -22,11 +22,11 @@ from benchmarks.reproduce.fair_search import (
     Comparison,
     Ladder,
     best_suffix,
-    cell_of,
     fewest_rounds_choice,
     ladder_cells,
     own_grid_edges,
     search_settings,
+    setting_suffix,
 )
 from benchmarks.reproduce.measures import MissingMetricError
 from benchmarks.reproduce.runner import NOT_RUN, RunResult
@@ -260,7 +260,7 @@ def _search_table(
             )
             row = []
             for index in cells:
-                suffix = next(x for x in settings if cell_of(x) == index and x.endswith(f"k{j}"))
+                suffix = setting_suffix(index, j)
                 score = run_scores.get(suffix)
                 text = "–" if suffix not in run_scores else "failed" if score is None else f"{100 * score:.2f}"
                 row.append(f"{text} (lr {settings[suffix]['lr']:g})" if own is None else text)
