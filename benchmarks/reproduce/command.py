@@ -11,6 +11,7 @@ Examples::
     lightning-fed reproduce --profile smoke --out-dir /tmp/smoke  # the whole pipeline in well under a minute
     lightning-fed reproduce --profile small --claims 3 4          # FedAMP's claims only
     lightning-fed reproduce --profile small --runs zhao_iid       # rerun one run (then --report-only for all)
+    lightning-fed reproduce --profile small --resume              # after a stop: run only what did not finish
     lightning-fed reproduce --profile small --report-only         # redraw the report from finished runs
     lightning-fed reproduce --profile small --list                # the runs and their exact commands
     lightning-fed reproduce --profile small --tune                # the hyperparameter search, on validation data
@@ -23,7 +24,7 @@ import argparse
 import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchmarks.reproduce.claims import claims_for, experiments_of
@@ -40,6 +41,7 @@ from benchmarks.reproduce.report import run_context, write_report
 from benchmarks.reproduce.runner import (
     RunResult,
     WandbOptions,
+    finished_result,
     fit_args,
     load_results,
     run_all,
@@ -124,6 +126,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--report-only", action="store_true", help="write the report from the runs already in --out-dir"
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs an earlier invocation finished with the same command and the same YAML bytes, run the "
+        "rest, then write the report from all of them (--tune always resumes)",
+    )
     parser.add_argument("--list", action="store_true", help="print the runs' commands and exit")
     parser.add_argument(
         "--tune",
@@ -160,12 +168,26 @@ def _print_progress(total: int) -> Callable[[RunResult], None]:
     return on_done
 
 
-def _context(args: argparse.Namespace, argv: list[str], results: list[RunResult], wall_s: float) -> dict[str, str]:
+def _context(
+    args: argparse.Namespace,
+    argv: list[str],
+    results: list[RunResult],
+    wall_s: float,
+    reused: Sequence[RunResult] = (),
+) -> dict[str, str]:
     command = shlex.join(["lightning-fed", "reproduce", *argv])
     if args.report_only:
         return run_context(command, sum(r.wall_s for r in results), "sum of the runs' own wall times")
     how = "sequential, in one process" if args.in_process else f"{args.workers} parallel workers"
-    return run_context(command, wall_s, how)
+    context = run_context(command, wall_s, how)
+    if reused:
+        # This invocation's clock misses the runs it read back: say how many, and what they took themselves.
+        own = sum(result.wall_s for result in reused) / 60
+        context["wall time"] += (
+            f"; {len(reused)} of {len(results)} runs were finished by earlier invocations and read back "
+            f"(their own wall times sum to {own:.1f} min)"
+        )
+    return context
 
 
 def _tune(
@@ -253,11 +275,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     start = time.perf_counter()
+    reused: list[RunResult] = []
     if args.report_only:
         results = load_results(out_dir, experiments)
     else:
+        if args.resume:
+            found = (finished_result(run, args.profile, out_dir, root, wandb, args.override) for run in experiments)
+            reused = [result for result in found if result is not None]
         how = "in this process" if args.in_process else f"{args.workers} parallel workers"
-        print(f"[reproduce] {len(experiments)} runs, profile {args.profile}, {how} -> {out_dir}", flush=True)
+        print(
+            f"[reproduce] {len(experiments) - len(reused)} runs, profile {args.profile}, {how} -> {out_dir}"
+            + (f" ({len(reused)} finished earlier, read back)" if reused else ""),
+            flush=True,
+        )
         results = run_all(
             experiments,
             args.profile,
@@ -265,13 +295,14 @@ def main(argv: list[str] | None = None) -> int:
             root,
             workers=args.workers,
             in_process=args.in_process,
-            on_done=_print_progress(len(experiments)),
+            on_done=_print_progress(len(experiments) - len(reused)),
+            resume=args.resume,
             wandb=wandb,
             extra=args.override,
             threads=args.threads,
             timeout_s=args.timeout,
         )
-    context = _context(args, argv, results, time.perf_counter() - start)
+    context = _context(args, argv, results, time.perf_counter() - start, reused)
     v1_report = None
     if args.protocol == "v2":
         v1_report = (args.v1_report or Path("runs") / "reproduce" / args.profile / "reproduction.json").resolve()

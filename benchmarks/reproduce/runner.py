@@ -1,13 +1,16 @@
 """Runs the experiments: one ``lightning-fed fit`` each, in parallel subprocesses (or in this process, for tests).
 
 Each run writes into ``<out_dir>/runs/<name>/``: ``summary.json`` (the trainer's), ``run.log`` (its output),
-``status.json`` (ok or failed, the error, wall time and the exact command) and, when W&B is on, its W&B run. A
-failed run is recorded and the others go on.
+``status.json`` (ok or failed, the error, wall time, the exact command and its fingerprint) and, when W&B is on,
+its W&B run. A failed run is recorded and the others go on. With ``resume``, a run whose ``status.json`` says it
+finished with the same fingerprint is read back instead of run again: a profile of a hundred runs survives a
+stopped machine.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shlex
@@ -44,6 +47,8 @@ class RunResult:
     seed: int | None = None
     load: dict[str, Any] | None = None
     """The load around the run (:meth:`benchmarks.load.LoadRecord.to_dict`); ``None`` in older ``status.json``."""
+    fingerprint: str = ""
+    """:func:`run_fingerprint` of the run's command and YAML files; empty in older ``status.json``."""
 
     def __post_init__(self) -> None:
         self.experiment = self.experiment or self.name
@@ -122,6 +127,39 @@ def shown_command(args: Sequence[str], root: Path) -> str:
     """The command line as the report shows it: paths relative to the repository root, so that it reads the same
     on every machine."""
     return shlex.join(["lightning-fed", *args]).replace(f"{root}/", "")
+
+
+def run_fingerprint(experiment: Experiment, command: str, root: Path) -> str:
+    """What decides a run's outcome, hashed: its command line and the bytes of every YAML file it composes.
+
+    A preset edited after a run (a new tuned choice, say) changes the fingerprint, so ``resume`` runs it again.
+    """
+    digest = hashlib.sha256(command.encode())
+    for config in experiment.configs:
+        path = root / config
+        digest.update(config.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"<missing>") + b"\0")
+    return digest.hexdigest()
+
+
+def finished_result(
+    experiment: Experiment,
+    profile: str,
+    out_dir: Path,
+    root: Path,
+    wandb: WandbOptions | None = None,
+    extra: Sequence[str] = (),
+) -> RunResult | None:
+    """The recorded result of ``experiment`` when an earlier invocation finished it with the same fingerprint (same
+    command, same YAML bytes) and a complete ``summary.json``; ``None`` when it must run."""
+    run_dir = run_dir_of(out_dir, experiment.run_name)
+    status = run_dir / "status.json"
+    if not status.is_file():
+        return None
+    result = RunResult(**json.loads(status.read_text()))
+    command = shown_command(fit_args(experiment, profile, run_dir, root, wandb, extra), root)
+    if not result.ok or result.fingerprint != run_fingerprint(experiment, command, root):
+        return None
+    return result if _check_summary(run_dir) is None else None
 
 
 def _check_summary(run_dir: Path) -> str | None:
@@ -217,6 +255,7 @@ def run_one(
         experiment.name,
         experiment.seed,
         load.record.to_dict(),
+        run_fingerprint(experiment, command, root),
     )
     (run_dir / "status.json").write_text(json.dumps(asdict(result), indent=2))
     return result
@@ -230,12 +269,22 @@ def run_all(
     workers: int = 2,
     in_process: bool = False,
     on_done: Callable[[RunResult], None] | None = None,
+    resume: bool = False,
     **kwargs: Any,
 ) -> list[RunResult]:
     """Runs ``experiments`` on ``workers`` parallel subprocesses (sequentially in this process when
-    ``in_process``); returns the results in the order given. ``kwargs`` go to :func:`run_one`."""
+    ``in_process``); returns the results in the order given. With ``resume``, the runs :func:`finished_result`
+    finds are read back, not run (``on_done`` is not called for them). ``kwargs`` go to :func:`run_one`."""
     if workers < 1:
         raise ValueError(f"`workers` must be at least 1, got {workers}.")
+    if resume:
+        finished = {
+            run.run_name: finished_result(run, profile, out_dir, root, kwargs.get("wandb"), kwargs.get("extra", ()))
+            for run in experiments
+        }
+        todo = [run for run in experiments if finished[run.run_name] is None]
+        ran = iter(run_all(todo, profile, out_dir, root, workers, in_process, on_done, **kwargs))
+        return [finished[run.run_name] or next(ran) for run in experiments]
 
     def one(experiment: Experiment) -> RunResult:
         result = run_one(experiment, profile, out_dir, root, in_process=in_process, **kwargs)
@@ -279,9 +328,11 @@ __all__ = [
     "OK",
     "RunResult",
     "WandbOptions",
+    "finished_result",
     "fit_args",
     "load_results",
     "run_all",
+    "run_fingerprint",
     "run_one",
     "shown_command",
 ]
