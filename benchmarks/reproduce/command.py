@@ -84,7 +84,8 @@ def _parser() -> argparse.ArgumentParser:
         "--v1-report",
         type=Path,
         help="v2: the v1 reproduction.json whose verdicts the report prints beside v2's (default "
-        "runs/reproduce/<profile>/reproduction.json)",
+        "runs/reproduce/<profile>/reproduction.json, else the verdicts REPRODUCTION.md publishes: "
+        "benchmarks/reproduce/v1_record/<profile>.json)",
     )
     parser.add_argument("--claims", nargs="+", help="claim keys or numbers (default: all)")
     parser.add_argument(
@@ -151,6 +152,17 @@ def _parser() -> argparse.ArgumentParser:
         help="fraction of each preset's rounds a tuning run trains (default 0.5)",
     )
     return parser
+
+
+#: v1's published verdicts (REPRODUCTION.md's tables as data), for a machine that holds no v1 runs.
+V1_RECORD = Path(__file__).resolve().parent / "v1_record"
+
+
+def default_v1_report(profile: str) -> Path:
+    """v1's ``reproduction.json`` of ``profile``: this machine's own v1 runs where they exist, else the committed
+    record of the verdicts REPRODUCTION.md publishes (``v1_record/<profile>.json``)."""
+    local = Path("runs") / "reproduce" / profile / "reproduction.json"
+    return local if local.is_file() else V1_RECORD / f"{profile}.json"
 
 
 def _print_progress(total: int) -> Callable[[RunResult], None]:
@@ -305,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     context = _context(args, argv, results, time.perf_counter() - start, reused)
     v1_report = None
     if args.protocol == "v2":
-        v1_report = (args.v1_report or Path("runs") / "reproduce" / args.profile / "reproduction.json").resolve()
+        v1_report = (args.v1_report or default_v1_report(args.profile)).resolve()
     report = write_report(out_dir, args.profile, claims, results, context, args.protocol, v1_report)
     if wandb is not None:
         from benchmarks.reproduce.dashboard import log_report
@@ -326,4 +338,4 @@ def entry_point() -> None:
     sys.exit(main(sys.argv[1:]))
 
 
-__all__ = ["entry_point", "main"]
+__all__ = ["V1_RECORD", "default_v1_report", "entry_point", "main"]
