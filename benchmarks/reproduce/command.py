@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from benchmarks.reproduce.budget import apply_cuts
 from benchmarks.reproduce.claims import claims_for, experiments_of
 from benchmarks.reproduce.experiments import (
     DEFAULT_SEEDS,
@@ -37,7 +38,7 @@ from benchmarks.reproduce.experiments import (
     experiments_for,
     seeded,
 )
-from benchmarks.reproduce.report import run_context, write_report
+from benchmarks.reproduce.report import read_v1_verdicts, run_context, write_report
 from benchmarks.reproduce.runner import (
     RunResult,
     WandbOptions,
@@ -100,6 +101,14 @@ def _parser() -> argparse.ArgumentParser:
         help="run seeds (seed_everything) of every run; the verdicts are judged on the means over them (default: "
         + ", ".join(f"{profile} {' '.join(map(str, seeds))}" for profile, seeds in DEFAULT_SEEDS.items())
         + ")",
+    )
+    parser.add_argument(
+        "--cut",
+        type=int,
+        default=0,
+        metavar="N",
+        help="v2, full profile: apply the first N of PROTOCOL.md's budget cuts (claims 1-2; the pathological extra "
+        "baselines; practical HeurFedAMP to one seed; the paper-lr runs of 7 and 8a); the report names each cut",
     )
     parser.add_argument("--workers", type=int, default=2, help="parallel runs, one CPU thread each (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (default 1)")
@@ -265,6 +274,13 @@ def main(argv: list[str] | None = None) -> int:
         experiments = [
             run.with_seed(seed) for run in chosen for seed in default_seeds(args.protocol, args.profile, run.name)
         ]
+    cuts: list[str] = []
+    if args.cut:
+        if (args.protocol, args.profile) != ("v2", "full") or args.tune:
+            raise SystemExit("--cut applies PROTOCOL.md's budget cuts to `--protocol v2 --profile full` runs only.")
+        v1 = read_v1_verdicts((args.v1_report or default_v1_report(args.profile)).resolve())
+        budget = apply_cuts(args.cut, claims, experiments, v1)
+        claims, experiments, cuts = budget.claims, budget.experiments, budget.lines
     default_dir = Path("runs") / "reproduce" / ("v2" if args.protocol == "v2" else "") / args.profile
     out_dir = (args.out_dir or default_dir).resolve()
     wandb = None if args.no_wandb else WandbOptions(args.wandb_project, args.profile)
@@ -282,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         print(
-            f"# {len(experiments)} runs ({len(chosen)} experiments), protocol {args.protocol}, profile {args.profile}",
+            f"# {len(experiments)} runs ({len({run.name for run in experiments})} experiments), protocol {args.protocol}, profile {args.profile}",
             file=sys.stderr,
         )
         return 0
@@ -315,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
             timeout_s=args.timeout,
         )
     context = _context(args, argv, results, time.perf_counter() - start, reused)
+    if cuts:
+        context["budget cuts (PROTOCOL.md)"] = "; ".join(cuts)
     v1_report = None
     if args.protocol == "v2":
         v1_report = (args.v1_report or default_v1_report(args.profile)).resolve()

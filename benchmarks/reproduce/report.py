@@ -196,7 +196,7 @@ def _markdown(
     return "\n".join(lines) + "\n"
 
 
-def _v1_verdicts(path: Path | None) -> dict[str, str]:
+def read_v1_verdicts(path: Path | None) -> dict[str, str]:
     """Claim number -> verdict of a v1 ``reproduction.json`` (empty when there is none)."""
     if path is None or not path.is_file():
         return {}
@@ -268,7 +268,7 @@ def write_report(
     }
     seed_lines = _seed_tables(claims, seeded, seed_verdicts) if len(seed_verdicts) > 1 else []
     v1_rule = {claim.key: claim.evaluate_v1_rule(summaries) for claim in claims}
-    v1_verdicts = _v1_verdicts(v1_report)
+    v1_verdicts = read_v1_verdicts(v1_report)
     if protocol == "v2":
         seed_lines = [*_side_by_side(claims, verdicts, v1_rule, v1_verdicts, v1_report), *seed_lines]
     drawn, errors = _draw(out_dir, claims, summaries, results)
@@ -317,4 +317,4 @@ def write_report(
     return Report(path, verdicts, drawn, errors, seed_verdicts)
 
 
-__all__ = ["Report", "run_context", "write_report"]
+__all__ = ["Report", "read_v1_verdicts", "run_context", "write_report"]

@@ -4,28 +4,9 @@ YAML bytes changed since."""
 import json
 from pathlib import Path
 
-import pytest
-
-from benchmarks.reproduce import command, runner
+from benchmarks.reproduce import command
 from benchmarks.reproduce.experiments import Experiment
 from benchmarks.reproduce.runner import OK, finished_result, run_all
-
-
-@pytest.fixture
-def fake_fit(monkeypatch):
-    """``lightning-fed fit`` replaced by one that writes a complete two-round summary; returns the args of each call."""
-    calls: list[list[str]] = []
-
-    def fit(args: list[str], log_path: Path) -> str | None:
-        calls.append(args)
-        run_dir = Path(args[args.index("--trainer.run_dir") + 1])
-        history = [{"round": 1.0, "global/test_acc": 0.5}, {"round": 2.0, "global/test_acc": 0.6}]
-        summary = {"num_rounds": 2, "completed_rounds": 2, "history": history, "final": history[-1]}
-        (run_dir / "summary.json").write_text(json.dumps(summary))
-        return None
-
-    monkeypatch.setattr(runner, "_run_in_process", fit)
-    return calls
 
 
 def _experiments(root: Path) -> list[Experiment]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.reproduce.command import V1_RECORD, default_v1_report
-from benchmarks.reproduce.report import _v1_verdicts
+from benchmarks.reproduce.report import read_v1_verdicts
 from benchmarks.reproduce.rules import NOT, PARTLY, REPRODUCED
 
 ROOT = Path(__file__).parents[2]
@@ -26,7 +26,7 @@ def _published(section: str) -> dict[str, str]:
 def test_the_record_holds_the_published_v1_verdicts(profile, section):
     published = _published(section)
     assert len(published) == 10
-    assert _v1_verdicts(V1_RECORD / f"{profile}.json") == published
+    assert read_v1_verdicts(V1_RECORD / f"{profile}.json") == published
 
 
 def test_v2_reads_this_machines_v1_runs_first_then_the_record(tmp_path, monkeypatch):
