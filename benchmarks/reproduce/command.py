@@ -297,8 +297,9 @@ def main(argv: list[str] | None = None) -> int:
                     fit_args(run, args.profile, run_dir_of(out_dir, run.run_name), root, wandb, args.override), root
                 )
             )
+        names = {run.name for run in experiments}
         print(
-            f"# {len(experiments)} runs ({len({run.name for run in experiments})} experiments), protocol {args.protocol}, profile {args.profile}",
+            f"# {len(experiments)} runs ({len(names)} experiments), protocol {args.protocol}, profile {args.profile}",
             file=sys.stderr,
         )
         return 0
