@@ -41,6 +41,7 @@ from benchmarks.reproduce.tuning_v2 import (
     FEDCURV_REFERENCE,
     FEDCURV_RUN,
     comparisons_for,
+    fedcurv_reference_line,
     fedcurv_results,
     ladder_runs,
     scores_of,
@@ -134,7 +135,8 @@ def tune_v2(
     command = " ".join(["lightning-fed", "reproduce", *argv])
     context = run_context(command, time.perf_counter() - start, f"{args.workers} parallel workers")
     context["rounds"] = f"{args.tune_rounds:g} of each preset's rounds (claim 5: all of them)"
-    path = write_report(out_dir, outcomes, table, context)
+    reference = fedcurv_reference_line(results) if fedcurv else None
+    path = write_report(out_dir, outcomes, table, context, reference)
     print(f"[reproduce] v2 tuning report: {path}")
     if args.write_presets:
         _write_presets(root, by_name, outcomes, table, context)

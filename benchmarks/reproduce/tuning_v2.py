@@ -18,6 +18,7 @@ from benchmarks.reproduce import measures
 from benchmarks.reproduce.claims import GLOBAL_ACC
 from benchmarks.reproduce.experiments import Experiment
 from benchmarks.reproduce.fair_search import (
+    FEDCURV_LAMBDA_BOUNDS,
     Assessment,
     Comparison,
     Ladder,
@@ -188,11 +189,44 @@ def fedcurv_results(
     return table
 
 
+def fedcurv_reference_line(results: Mapping[str, RunResult]) -> str | None:
+    """What claim 5's λ search aims at: the FedAvg reference run's validation accuracy at half its rounds (the
+    target), and its last-5 accuracy; ``None`` when that run did not succeed."""
+    reference = results.get(f"{FEDCURV_REFERENCE}__ref")
+    if reference is None or not reference.ok:
+        return None
+    summary = reference.summary()
+    rounds = measures.series(summary, GLOBAL_ACC)[-1][0]
+    target = measures.at_fraction(summary, GLOBAL_ACC, 0.5)
+    return (
+        f"Target: FedAvg's validation accuracy at round {rounds / 2:g} of {rounds:g}, {100 * target:.2f} % "
+        f"(the reference run `{FEDCURV_REFERENCE}__ref`, η = 0.01; its last-5 accuracy "
+        f"{100 * measures.tail_mean(summary, GLOBAL_ACC):.2f} %)."
+    )
+
+
+def fedcurv_choice_status(fedcurv: Mapping[float, tuple[float | None, float]]) -> str:
+    """The λ choice and where it sits: *bounded* at PROTOCOL.md's bounds, *edge* at an end of the λ values run
+    (the search extends it), else *interior*; or that no λ reached the target."""
+    choice = fewest_rounds_choice(fedcurv)
+    if choice is None:
+        return "Choice: none (no λ reached the target)."
+    run = sorted(fedcurv)
+    if choice in FEDCURV_LAMBDA_BOUNDS:
+        where = f"bounded (λ ∈ [{FEDCURV_LAMBDA_BOUNDS[0]:g}, {FEDCURV_LAMBDA_BOUNDS[1]:g}])"
+    elif choice in (run[0], run[-1]):
+        where = "edge (the λ values run so far)"
+    else:
+        where = "interior"
+    return f"Choice: λ = {choice:g}, {where}."
+
+
 def write_report(
     out_dir: Path,
     outcomes: Sequence[tuple[Comparison, Ladder, Assessment, Mapping[str, Mapping[str, float | None]]]],
     fedcurv: Mapping[float, tuple[float | None, float]],
     context: Mapping[str, str],
+    fedcurv_reference: str | None = None,
 ) -> Path:
     """``TUNING.md``: per comparison, each method's budget, choice and status (interior / edge / bounded by the
     learning-rate rule, plus *edge (own grid)* where the choice sits at an end of the method's own grid), then the
@@ -233,6 +267,7 @@ def write_report(
             if lam == choice:
                 cells = [f"**{cell}**" for cell in cells]
             lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", *([fedcurv_reference] if fedcurv_reference else []), fedcurv_choice_status(fedcurv)]
     path = out_dir / "TUNING.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -273,6 +308,8 @@ __all__ = [
     "FEDCURV_REFERENCE",
     "FEDCURV_RUN",
     "comparisons_for",
+    "fedcurv_choice_status",
+    "fedcurv_reference_line",
     "fedcurv_results",
     "ladder_runs",
     "scores_of",

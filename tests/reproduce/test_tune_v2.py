@@ -13,7 +13,7 @@ import yaml
 from benchmarks.reproduce import command, tune_v2_command
 from benchmarks.reproduce.fair_search import Comparison, Ladder, assess, search_settings
 from benchmarks.reproduce.runner import OK, RunResult, run_dir_of
-from benchmarks.reproduce.tuning_v2 import write_report
+from benchmarks.reproduce.tuning_v2 import fedcurv_choice_status, write_report
 
 ROOT = Path(__file__).parents[2]
 DIRICHLET = ("fedgg_fmnist_beta01", "fedavg_fmnist_beta01", "fedprox_fmnist_beta01", "scaffold_fmnist_beta01")
@@ -94,6 +94,9 @@ def test_tune_v2_loop_extends_edges_runs_lambda_stages_and_replays(tmp_path, mon
         assert len(table_rows) == 4 and all(line.count("|") == 2 + 1 + 5 for line in table_rows), table_rows
         assert "–" not in "".join(table_rows)
     assert "| **0.1** |" in report and "| 0.05 |" in report and "| 0.2 |" in report
+    # What λ aims at (the reference's value at half its rounds) and where the choice sits.
+    assert "Target: FedAvg's validation accuracy at round 5 of 10, 25.00 %" in report
+    assert "Choice: λ = 0.1, interior." in report
     assert not (root / "configs" / "tuned_v2").exists()
 
     # --report-only replays the rule on the finished runs without running anything; --write-presets writes the choices.
@@ -127,3 +130,14 @@ def test_the_search_table_tells_a_failed_setting_from_one_not_run_yet(tmp_path):
     # own's best (mu=1 at lr 0.1) is the top cell and the low end of its own grid; plain's is the bottom cell.
     assert "| own | 4 | mu=1, lr=0.1 | 75.00 | edge: high; edge (own grid): mu=1 (lowest) |" in report
     assert f"| plain | 4 | lr={rate['c0k0']} | 25.00 | edge: low |" in report
+
+
+def test_the_lambda_choice_is_marked_edge_at_an_end_of_the_values_run_and_bounded_at_a_bound():
+    # λ -> (rounds to the target or None, last-5 accuracy); the fewest rounds wins.
+    assert fedcurv_choice_status({0.001: (55, 0.71), 0.01: (58, 0.71), 0.1: (62, 0.71)}) == (
+        "Choice: λ = 0.001, edge (the λ values run so far)."
+    )
+    interior = {1e-4: (57, 0.7), 0.001: (55, 0.71), 0.01: (58, 0.71)}
+    assert fedcurv_choice_status(interior) == "Choice: λ = 0.001, interior."
+    assert fedcurv_choice_status({1e-5: (50, 0.7), 1e-4: (57, 0.7)}) == "Choice: λ = 1e-05, bounded (λ ∈ [1e-05, 100])."
+    assert fedcurv_choice_status({0.1: (None, 0.5)}) == "Choice: none (no λ reached the target)."
