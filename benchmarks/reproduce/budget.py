@@ -85,11 +85,12 @@ def apply_cuts(
         raise ValueError(f"`--cut` must be between 0 and {len(FULL_PROFILE_CUTS)} (PROTOCOL.md's cuts), got {count}.")
     kept_claims, kept_runs, lines = list(claims), list(experiments), []
     for number, cut in enumerate(FULL_PROFILE_CUTS[:count], start=1):
-        dropped = [run for run in kept_runs if cut.drops(run)]
-        kept_runs = [run for run in kept_runs if not cut.drops(run)]
+        cut_runs = [cut.drops(run) for run in kept_runs]
+        dropped = sum(cut_runs)
+        kept_runs = [run for run, dropping in zip(kept_runs, cut_runs, strict=True) if not dropping]
         gone = [claim for claim in kept_claims if claim.key in cut.claims]
         kept_claims = [claim for claim in kept_claims if claim.key not in cut.claims]
-        line = f"cut {number}: {cut.what} ({len(dropped)} runs; claims not judged here: "
+        line = f"cut {number}: {cut.what} ({dropped} runs; claims not judged here: "
         line += ", ".join(_stands(claim, v1_verdicts or {}) for claim in gone) if gone else "none"
         lines.append(line + ")")
     return Budget(tuple(kept_claims), kept_runs, lines)

@@ -42,7 +42,7 @@ from benchmarks.reproduce.report import read_v1_verdicts, run_context, write_rep
 from benchmarks.reproduce.runner import (
     RunResult,
     WandbOptions,
-    finished_result,
+    finished_results,
     fit_args,
     load_results,
     run_all,
@@ -274,12 +274,12 @@ def main(argv: list[str] | None = None) -> int:
         experiments = [
             run.with_seed(seed) for run in chosen for seed in default_seeds(args.protocol, args.profile, run.name)
         ]
+    v1_report = (args.v1_report or default_v1_report(args.profile)).resolve() if args.protocol == "v2" else None
     cuts: list[str] = []
     if args.cut:
         if (args.protocol, args.profile) != ("v2", "full") or args.tune:
             raise SystemExit("--cut applies PROTOCOL.md's budget cuts to `--protocol v2 --profile full` runs only.")
-        v1 = read_v1_verdicts((args.v1_report or default_v1_report(args.profile)).resolve())
-        budget = apply_cuts(args.cut, claims, experiments, v1)
+        budget = apply_cuts(args.cut, claims, experiments, read_v1_verdicts(v1_report))
         claims, experiments, cuts = budget.claims, budget.experiments, budget.lines
     default_dir = Path("runs") / "reproduce" / ("v2" if args.protocol == "v2" else "") / args.profile
     out_dir = (args.out_dir or default_dir).resolve()
@@ -304,13 +304,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     start = time.perf_counter()
-    reused: list[RunResult] = []
+    reused: dict[str, RunResult] = {}
     if args.report_only:
         results = load_results(out_dir, experiments)
     else:
         if args.resume:
-            found = (finished_result(run, args.profile, out_dir, root, wandb, args.override) for run in experiments)
-            reused = [result for result in found if result is not None]
+            reused = finished_results(experiments, args.profile, out_dir, root, wandb, args.override)
         how = "in this process" if args.in_process else f"{args.workers} parallel workers"
         print(
             f"[reproduce] {len(experiments) - len(reused)} runs, profile {args.profile}, {how} -> {out_dir}"
@@ -325,18 +324,15 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers,
             in_process=args.in_process,
             on_done=_print_progress(len(experiments) - len(reused)),
-            resume=args.resume,
+            finished=reused,
             wandb=wandb,
             extra=args.override,
             threads=args.threads,
             timeout_s=args.timeout,
         )
-    context = _context(args, argv, results, time.perf_counter() - start, reused)
+    context = _context(args, argv, results, time.perf_counter() - start, list(reused.values()))
     if cuts:
         context["budget cuts (PROTOCOL.md)"] = "; ".join(cuts)
-    v1_report = None
-    if args.protocol == "v2":
-        v1_report = (args.v1_report or default_v1_report(args.profile)).resolve()
     report = write_report(out_dir, args.profile, claims, results, context, args.protocol, v1_report)
     if wandb is not None:
         from benchmarks.reproduce.dashboard import log_report

@@ -2,9 +2,9 @@
 
 Each run writes into ``<out_dir>/runs/<name>/``: ``summary.json`` (the trainer's), ``run.log`` (its output),
 ``status.json`` (ok or failed, the error, wall time, the exact command and its fingerprint) and, when W&B is on,
-its W&B run. A failed run is recorded and the others go on. With ``resume``, a run whose ``status.json`` says it
-finished with the same fingerprint is read back instead of run again: a profile of a hundred runs survives a
-stopped machine.
+its W&B run. A failed run is recorded and the others go on. A run whose ``status.json`` says it finished with the
+same fingerprint can be read back instead of run again (:func:`finished_results`): a profile of a hundred runs
+survives a stopped machine.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -132,7 +132,7 @@ def shown_command(args: Sequence[str], root: Path) -> str:
 def run_fingerprint(experiment: Experiment, command: str, root: Path) -> str:
     """What decides a run's outcome, hashed: its command line and the bytes of every YAML file it composes.
 
-    A preset edited after a run (a new tuned choice, say) changes the fingerprint, so ``resume`` runs it again.
+    A preset edited after a run (a new tuned choice, say) changes the fingerprint, so it is run again.
     """
     digest = hashlib.sha256(command.encode())
     for config in experiment.configs:
@@ -160,6 +160,20 @@ def finished_result(
     if not result.ok or result.fingerprint != run_fingerprint(experiment, command, root):
         return None
     return result if _check_summary(run_dir) is None else None
+
+
+def finished_results(
+    experiments: Sequence[Experiment],
+    profile: str,
+    out_dir: Path,
+    root: Path,
+    wandb: WandbOptions | None = None,
+    extra: Sequence[str] = (),
+) -> dict[str, RunResult]:
+    """Run name -> recorded result, for the ``experiments`` :func:`finished_result` finds finished (what ``--resume``
+    reads back instead of running)."""
+    found = {run.run_name: finished_result(run, profile, out_dir, root, wandb, extra) for run in experiments}
+    return {name: result for name, result in found.items() if result is not None}
 
 
 def _check_summary(run_dir: Path) -> str | None:
@@ -269,22 +283,19 @@ def run_all(
     workers: int = 2,
     in_process: bool = False,
     on_done: Callable[[RunResult], None] | None = None,
-    resume: bool = False,
+    finished: Mapping[str, RunResult] | None = None,
     **kwargs: Any,
 ) -> list[RunResult]:
     """Runs ``experiments`` on ``workers`` parallel subprocesses (sequentially in this process when
-    ``in_process``); returns the results in the order given. With ``resume``, the runs :func:`finished_result`
-    finds are read back, not run (``on_done`` is not called for them). ``kwargs`` go to :func:`run_one`."""
+    ``in_process``); returns the results in the order given. The runs in ``finished`` (run name -> result, from
+    :func:`finished_results`) are read back, not run (``on_done`` is not called for them). ``kwargs`` go to
+    :func:`run_one`."""
     if workers < 1:
         raise ValueError(f"`workers` must be at least 1, got {workers}.")
-    if resume:
-        finished = {
-            run.run_name: finished_result(run, profile, out_dir, root, kwargs.get("wandb"), kwargs.get("extra", ()))
-            for run in experiments
-        }
-        todo = [run for run in experiments if finished[run.run_name] is None]
+    if finished:
+        todo = [run for run in experiments if run.run_name not in finished]
         ran = iter(run_all(todo, profile, out_dir, root, workers, in_process, on_done, **kwargs))
-        return [finished[run.run_name] or next(ran) for run in experiments]
+        return [finished.get(run.run_name) or next(ran) for run in experiments]
 
     def one(experiment: Experiment) -> RunResult:
         result = run_one(experiment, profile, out_dir, root, in_process=in_process, **kwargs)
@@ -329,6 +340,7 @@ __all__ = [
     "RunResult",
     "WandbOptions",
     "finished_result",
+    "finished_results",
     "fit_args",
     "load_results",
     "run_all",

@@ -168,15 +168,26 @@ def scores_of(
     return scores
 
 
+def _fedcurv_reference(results: Mapping[str, RunResult]) -> measures.Summary | None:
+    """The summary of claim 5's FedAvg reference tuning run, ``None`` unless it succeeded."""
+    reference = results.get(f"{FEDCURV_REFERENCE}__ref")
+    return reference.summary() if reference is not None and reference.ok else None
+
+
+def fedcurv_target(reference: measures.Summary) -> float:
+    """Claim 5's validation target (PROTOCOL.md): the FedAvg reference's accuracy at half its rounds."""
+    return measures.at_fraction(reference, GLOBAL_ACC, 0.5)
+
+
 def fedcurv_results(
     results: Mapping[str, RunResult], lambdas: Sequence[float]
 ) -> dict[float, tuple[float | None, float]]:
     """λ -> (rounds to FedAvg's validation accuracy at half its rounds, last-5 validation accuracy), for the λ runs
     that succeeded; empty when the FedAvg reference run did not."""
-    reference = results.get(f"{FEDCURV_REFERENCE}__ref")
-    if reference is None or not reference.ok:
+    reference = _fedcurv_reference(results)
+    if reference is None:
         return {}
-    target = measures.at_fraction(reference.summary(), GLOBAL_ACC, 0.5)
+    target = fedcurv_target(reference)
     table: dict[float, tuple[float | None, float]] = {}
     for lam in lambdas:
         result = results.get(f"{FEDCURV_RUN}__lam{lam:g}")
@@ -192,12 +203,10 @@ def fedcurv_results(
 def fedcurv_reference_line(results: Mapping[str, RunResult]) -> str | None:
     """What claim 5's λ search aims at: the FedAvg reference run's validation accuracy at half its rounds (the
     target), and its last-5 accuracy; ``None`` when that run did not succeed."""
-    reference = results.get(f"{FEDCURV_REFERENCE}__ref")
-    if reference is None or not reference.ok:
+    summary = _fedcurv_reference(results)
+    if summary is None:
         return None
-    summary = reference.summary()
-    rounds = measures.series(summary, GLOBAL_ACC)[-1][0]
-    target = measures.at_fraction(summary, GLOBAL_ACC, 0.5)
+    rounds, target = measures.series(summary, GLOBAL_ACC)[-1][0], fedcurv_target(summary)
     return (
         f"Target: FedAvg's validation accuracy at round {rounds / 2:g} of {rounds:g}, {100 * target:.2f} % "
         f"(the reference run `{FEDCURV_REFERENCE}__ref`, η = 0.01; its last-5 accuracy "
@@ -311,6 +320,7 @@ __all__ = [
     "fedcurv_choice_status",
     "fedcurv_reference_line",
     "fedcurv_results",
+    "fedcurv_target",
     "ladder_runs",
     "scores_of",
     "tuning_run",

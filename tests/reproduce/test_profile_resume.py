@@ -6,7 +6,7 @@ from pathlib import Path
 
 from benchmarks.reproduce import command
 from benchmarks.reproduce.experiments import Experiment
-from benchmarks.reproduce.runner import OK, finished_result, run_all
+from benchmarks.reproduce.runner import OK, finished_result, finished_results, run_all
 
 
 def _experiments(root: Path) -> list[Experiment]:
@@ -27,7 +27,8 @@ def test_resume_reads_back_finished_runs_and_runs_the_rest(tmp_path, fake_fit):
     assert first[0].ok and first[0].fingerprint
     assert _ran(fake_fit) == ["a"]
 
-    results = run_all(experiments, "small", out, tmp_path, in_process=True, resume=True)
+    finished = finished_results(experiments, "small", out, tmp_path)
+    results = run_all(experiments, "small", out, tmp_path, in_process=True, finished=finished)
     assert [r.name for r in results] == ["a", "b"] and all(r.status == OK for r in results)
     assert _ran(fake_fit) == ["a", "b"]  # a was read back, not run again
     assert results[0].wall_s == first[0].wall_s
