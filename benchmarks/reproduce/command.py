@@ -38,7 +38,7 @@ from benchmarks.reproduce.experiments import (
     experiments_for,
     seeded,
 )
-from benchmarks.reproduce.report import read_v1_verdicts, run_context, write_report
+from benchmarks.reproduce.report import invocation_context, read_v1_verdicts, write_report
 from benchmarks.reproduce.runner import (
     RunResult,
     WandbOptions,
@@ -197,18 +197,8 @@ def _context(
     reused: Sequence[RunResult] = (),
 ) -> dict[str, str]:
     command = shlex.join(["lightning-fed", "reproduce", *argv])
-    if args.report_only:
-        return run_context(command, sum(r.wall_s for r in results), "sum of the runs' own wall times")
     how = "sequential, in one process" if args.in_process else f"{args.workers} parallel workers"
-    context = run_context(command, wall_s, how)
-    if reused:
-        # This invocation's clock misses the runs it read back: say how many, and what they took themselves.
-        own = sum(result.wall_s for result in reused) / 60
-        context["wall time"] += (
-            f"; {len(reused)} of {len(results)} runs were finished by earlier invocations and read back "
-            f"(their own wall times sum to {own:.1f} min)"
-        )
-    return context
+    return invocation_context(command, results, wall_s, how, report_only=args.report_only, reused=reused)
 
 
 def _tune(

@@ -108,6 +108,16 @@ def with_tuned(name: str, configs: tuple[str, ...], tuned_dir: str = TUNED_DIR) 
     return (*configs, tuned) if (_REPOSITORY / tuned).is_file() else configs
 
 
+def without_tuned(experiment: Experiment, tuned_dir: str) -> Experiment:
+    """``experiment`` composed of its presets only, without its tuned file from ``tuned_dir``.
+
+    A search starts from the presets: a choice written by an earlier search must not be part of the next one's
+    runs (their commands, and what they compose).
+    """
+    configs = tuple(config for config in experiment.configs if not config.startswith(f"{tuned_dir}/"))
+    return replace(experiment, configs=configs)
+
+
 @dataclass(frozen=True)
 class Experiment:
     """One run: its YAML files, its sweep value and the profiles it belongs to.
@@ -381,6 +391,7 @@ __all__ = [
     "PROFILES",
     "SCALING",
     "TUNED_DIR",
+    "without_tuned",
     "Experiment",
     "experiments_for",
     "seeded",

@@ -241,6 +241,43 @@ def run_context(command: str, wall_s: float, how: str) -> dict[str, str]:
     }
 
 
+def invocation_context(
+    command: str,
+    results: Sequence[RunResult],
+    wall_s: float,
+    how: str,
+    *,
+    report_only: bool = False,
+    reused: Sequence[RunResult] = (),
+) -> dict[str, str]:
+    """The report header of one invocation, with a wall time that counts every run the report reads.
+
+    Args:
+        command: the invocation, as the header shows it.
+        results: every run the report reads.
+        wall_s: this invocation's own clock.
+        how: how its runs ran (workers, or in one process).
+        report_only: it ran nothing, so its clock says nothing of the runs: the header gives the sum of the runs'
+            own wall times instead.
+        reused: runs that earlier invocations finished and this one read back (``--resume``, or a search resumed
+            after a stop). Its clock misses them: the header says how many, and what their own wall times sum to.
+
+    Returns:
+        The header's entries (:func:`run_context`).
+    """
+    if report_only:
+        total = sum(result.wall_s for result in results)
+        return run_context(command, total, f"sum of the {len(results)} runs' own wall times")
+    context = run_context(command, wall_s, how)
+    if reused:
+        own = sum(result.wall_s for result in reused) / 60
+        context["wall time"] += (
+            f"; {len(reused)} of {len(results)} runs were finished by earlier invocations and read back "
+            f"(their own wall times sum to {own:.1f} min)"
+        )
+    return context
+
+
 def write_report(
     out_dir: Path,
     profile: str,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.reproduce.experiments import TUNED_DIR_V2, Experiment
+from benchmarks.reproduce.experiments import TUNED_DIR_V2, Experiment, without_tuned
 from benchmarks.reproduce.fair_search import (
     Comparison,
     Ladder,
@@ -26,7 +26,7 @@ from benchmarks.reproduce.fair_search import (
     fewest_rounds_choice,
     search_settings,
 )
-from benchmarks.reproduce.report import run_context
+from benchmarks.reproduce.report import invocation_context
 from benchmarks.reproduce.runner import (
     RunResult,
     WandbOptions,
@@ -69,12 +69,14 @@ def tune_v2(
     root: Path,
     wandb: WandbOptions | None,
 ) -> int:
-    by_name = {experiment.name: experiment for experiment in experiments}
+    # The search composes the presets alone, also where configs/tuned_v2 already holds a choice.
+    by_name = {experiment.name: without_tuned(experiment, TUNED_DIR_V2) for experiment in experiments}
     comparisons = comparisons_for(list(by_name))
     ladders: dict[str, Ladder] = {comparison.name: Ladder() for comparison in comparisons}
     fedcurv = FEDCURV_RUN in by_name and FEDCURV_REFERENCE in by_name
     lambdas: list[float] = list(fedcurv_lambda_grid()[0]) if fedcurv else []
     results: dict[str, RunResult] = {}
+    reused: list[RunResult] = []  # finished before this invocation (a search resumed after a stop)
     start = time.perf_counter()
     failed = False
     for round_ in range(1, 100):
@@ -95,6 +97,7 @@ def tune_v2(
             done = load_results(out_dir, pending)
         else:
             done = [r for r in load_results(out_dir, pending) if r.ok]
+            reused += done
             finished = {r.experiment for r in done}
             todo = [run for run in pending if run.name not in finished]
             if todo:
@@ -133,7 +136,12 @@ def tune_v2(
         outcomes.append((comparison, ladder, assess(comparison, ladder, scores), scores))
     table = fedcurv_results(results, lambdas) if fedcurv else {}
     command = " ".join(["lightning-fed", "reproduce", *argv])
-    context = run_context(command, time.perf_counter() - start, f"{args.workers} parallel workers")
+    how = f"{args.workers} parallel workers"
+    ran = list(results.values())
+    context = invocation_context(
+        command, ran, time.perf_counter() - start, how, report_only=args.report_only, reused=reused
+    )
+    context["search rounds"] = str(round_)
     context["rounds"] = f"{args.tune_rounds:g} of each preset's rounds (claim 5: all of them)"
     reference = fedcurv_reference_line(results) if fedcurv else None
     path = write_report(out_dir, outcomes, table, context, reference)
@@ -163,7 +171,7 @@ def _write_presets(
         chosen[FEDCURV_RUN] = {"FedCurv.lam": lam}
     for run, setting in chosen.items():
         experiment = by_name[run]
-        base = [config for config in experiment.configs if not config.startswith(f"{TUNED_DIR_V2}/")]
+        base = experiment.configs
         overrides = setting_overrides(compose(root, base), setting, run)
         header = [
             f"{run}: chosen by protocol v2's search on validation data (PROTOCOL.md; see tune/TUNING.md).",

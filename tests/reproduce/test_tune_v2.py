@@ -51,7 +51,7 @@ def fake_runs(monkeypatch):
             run_dir.mkdir(parents=True, exist_ok=True)
             history = [{"round": r, "global/test_acc": a} for r, a in enumerate(_curve(run), start=1)]
             (run_dir / "summary.json").write_text(json.dumps({"history": history}))
-            result = RunResult(run.run_name, OK, str(run_dir), 0.0, "fake", None, run.name, run.seed)
+            result = RunResult(run.run_name, OK, str(run_dir), 60.0, "fake", None, run.name, run.seed)  # 1 min each
             (run_dir / "status.json").write_text(json.dumps(asdict(result)))
             results.append(result)
         return results
@@ -62,7 +62,9 @@ def fake_runs(monkeypatch):
 
 def test_tune_v2_loop_extends_edges_runs_lambda_stages_and_replays(tmp_path, monkeypatch, fake_runs, capsys):
     root = tmp_path / "repo"
-    shutil.copytree(ROOT / "configs", root / "configs")
+    # The repository's configs without its own v2 choices: the presets this search writes are its own, and a run
+    # that composed a choice of the repository's search (configs/tuned_v2) would fail to find it here.
+    shutil.copytree(ROOT / "configs", root / "configs", ignore=shutil.ignore_patterns("tuned_v2"))
     monkeypatch.chdir(root)
     out = tmp_path / "out"
     base = ["--protocol", "v2", "--profile", "smoke", "--tune", "--claims", "5", "8a", "--no-wandb", "--in-process"]
@@ -97,13 +99,19 @@ def test_tune_v2_loop_extends_edges_runs_lambda_stages_and_replays(tmp_path, mon
     # What λ aims at (the reference's value at half its rounds) and where the choice sits.
     assert "Target: FedAvg's validation accuracy at round 5 of 10, 25.00 %" in report
     assert "Choice: λ = 0.1, interior." in report
+    runs = len(fake_runs)
+    assert "- search rounds: 3\n" in report  # the first ladders, then two extensions of the Dirichlet ladder
+    assert "read back" not in report
     assert not (root / "configs" / "tuned_v2").exists()
 
     # --report-only replays the rule on the finished runs without running anything; --write-presets writes the choices.
     fake_runs.clear()
     assert command.main([*base, "--report-only", "--write-presets"]) == 0
     assert fake_runs == []
-    assert (out / "tune" / "TUNING.md").read_text().split("## Dirichlet")[1] == report.split("## Dirichlet")[1]
+    replayed = (out / "tune" / "TUNING.md").read_text()
+    assert replayed.split("## Dirichlet")[1] == report.split("## Dirichlet")[1]
+    # It ran nothing, so its wall time is what the runs took themselves.
+    assert f"- wall time: {runs:.1f} min (sum of the {runs} runs' own wall times)\n" in replayed
     tuned = root / "configs" / "tuned_v2"
     assert sorted(path.stem for path in tuned.glob("*.yaml")) == sorted([*DIRICHLET, "fedcurv_paper"])
     fedgg = yaml.safe_load((tuned / "fedgg_fmnist_beta01.yaml").read_text())
@@ -112,6 +120,13 @@ def test_tune_v2_loop_extends_edges_runs_lambda_stages_and_replays(tmp_path, mon
     assert 0.1 / math.sqrt(10) ** 0.5 < fedavg["model"]["init_args"]["lr"] < 0.1 * math.sqrt(10) ** 0.5
     assert "FedCurv.lam=0.1" in (tuned / "fedcurv_paper.yaml").read_text()
     assert "[reproduce] v2 tuning report:" in capsys.readouterr().out
+
+    # A search started again after a stop reads its finished runs back, and its header says so.
+    assert command.main(base) == 0
+    assert fake_runs == []
+    resumed = (out / "tune" / "TUNING.md").read_text()
+    assert f"; {runs} of {runs} runs were finished by earlier invocations and read back " in resumed
+    assert f"(their own wall times sum to {runs:.1f} min)" in resumed
 
 
 def test_the_search_table_tells_a_failed_setting_from_one_not_run_yet(tmp_path):
