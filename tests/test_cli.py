@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.reproduce.experiments import EXPERIMENTS, TUNED_DIR
+from benchmarks.reproduce.experiments import REGISTRIES, TUNED_DIRS
 from lightning_fed import FederatedTrainer
 from lightning_fed.cli.main import FederatedCLI
 
@@ -23,10 +23,11 @@ COMPOSABLE = {
 
 
 def config_args(config: Path) -> list[str]:
-    if config.parent == CONFIG_ROOT.parent / TUNED_DIR:
-        # A tuned preset holds only the searched settings; its run composes it after the run's own presets.
-        composed = EXPERIMENTS[config.stem].configs
-        return [arg for path in composed for arg in ("--config", str(CONFIG_ROOT.parent / path))]
+    for protocol, tuned_dir in TUNED_DIRS.items():
+        if config.parent == CONFIG_ROOT.parent / tuned_dir:
+            # A tuned preset holds only the searched settings; its run composes it after the run's own presets.
+            composed = REGISTRIES[protocol][config.stem].configs
+            return [arg for path in composed for arg in ("--config", str(CONFIG_ROOT.parent / path))]
     if config.parent in COMPOSABLE:
         setting, setting_names = COMPOSABLE[config.parent]
         if config.stem not in setting_names:

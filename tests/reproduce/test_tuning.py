@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.reproduce.claims import CLAIMS
-from benchmarks.reproduce.experiments import EXPERIMENTS, TUNED_DIR, experiments_for
+from benchmarks.reproduce.experiments import EXPERIMENTS, REGISTRIES, TUNED_DIR, TUNED_DIRS, experiments_for
 from benchmarks.reproduce.runner import FAILED, OK, RunResult
 from benchmarks.reproduce.tuning import (
     BUDGET,
@@ -124,8 +124,10 @@ def test_the_chosen_setting_becomes_a_preset_that_composes_after_the_runs_own(tm
     assert f"    lr: {chosen_lr}\n" in capsys.readouterr().out
 
 
-def test_every_tuned_preset_is_composed_last_by_its_run():
-    presets = sorted((ROOT / TUNED_DIR).glob("*.yaml"))
-    assert presets, "the search's chosen settings are committed under configs/tuned"
+@pytest.mark.parametrize("protocol", ["v1", "v2"])
+def test_every_tuned_preset_is_composed_last_by_its_run(protocol):
+    tuned_dir, registry = TUNED_DIRS[protocol], REGISTRIES[protocol]
+    presets = sorted((ROOT / tuned_dir).glob("*.yaml"))
+    assert presets, f"the search's chosen settings are committed under {tuned_dir}"
     for preset in presets:
-        assert EXPERIMENTS[preset.stem].configs[-1] == f"{TUNED_DIR}/{preset.name}"
+        assert registry[preset.stem].configs[-1] == f"{tuned_dir}/{preset.name}"
