@@ -204,6 +204,15 @@ def read_v1_verdicts(path: Path | None) -> dict[str, str]:
     return {claim["number"]: claim["verdict"] for claim in payload.get("claims", [])}
 
 
+def shown_path(path: Path) -> str:
+    """``path`` as a report shows it: relative to the working directory where it lies below it (the repository
+    root, as a rule), so that a committed report names no machine's directories; otherwise as it is."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def _side_by_side(
     claims: Sequence[Claim],
     verdicts: Mapping[str, Verdict],
@@ -212,7 +221,8 @@ def _side_by_side(
     v1_report: Path | None,
 ) -> list[str]:
     """v2's verdict beside v1's rule on the same runs (where v2 amended it) and v1's own verdict."""
-    source = f"`{v1_report}`" if v1_verdicts else "none found" + (f" at `{v1_report}`" if v1_report else "")
+    shown = None if v1_report is None else shown_path(v1_report)
+    source = f"`{shown}`" if v1_verdicts else "none found" + (f" at `{shown}`" if shown else "")
     lines = [
         "## v1 beside v2",
         "",
@@ -354,4 +364,4 @@ def write_report(
     return Report(path, verdicts, drawn, errors, seed_verdicts)
 
 
-__all__ = ["Report", "read_v1_verdicts", "run_context", "write_report"]
+__all__ = ["Report", "invocation_context", "read_v1_verdicts", "run_context", "shown_path", "write_report"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.reproduce.command import V1_RECORD, default_v1_report
-from benchmarks.reproduce.report import read_v1_verdicts
+from benchmarks.reproduce.report import read_v1_verdicts, shown_path
 from benchmarks.reproduce.rules import NOT, PARTLY, REPRODUCED
 
 ROOT = Path(__file__).parents[2]
@@ -37,3 +37,11 @@ def test_v2_reads_this_machines_v1_runs_first_then_the_record(tmp_path, monkeypa
     local.write_text('{"claims": []}')
     assert default_v1_report("small").resolve() == local
     assert not default_v1_report("smoke").is_file()  # no record: the report says "none found"
+
+
+def test_a_report_names_the_v1_record_relative_to_the_working_directory(tmp_path, monkeypatch):
+    root = Path(__file__).parents[2]
+    monkeypatch.chdir(root)
+    assert shown_path(V1_RECORD / "small.json") == "benchmarks/reproduce/v1_record/small.json"
+    outside = tmp_path / "reproduction.json"
+    assert shown_path(outside) == str(outside)  # not below the working directory: shown as given
