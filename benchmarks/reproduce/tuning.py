@@ -33,7 +33,7 @@ import yaml
 
 from benchmarks.reproduce import measures
 from benchmarks.reproduce.claims import GLOBAL_ACC
-from benchmarks.reproduce.experiments import TUNED_DIR, Experiment
+from benchmarks.reproduce.experiments import TUNED_DIR, Experiment, without_tuned
 from benchmarks.reproduce.measures import MissingMetricError, Summary
 from benchmarks.reproduce.runner import RunResult
 
@@ -306,7 +306,7 @@ def tuned_preset_text(experiment: Experiment, search: SearchResult, root: Path, 
     """
     if search.chosen is None:
         raise ValueError(f"the search of {search.run!r} has no successful run to choose from")
-    base = [config for config in experiment.configs if not config.startswith(f"{TUNED_DIR}/")]
+    base = list(without_tuned(experiment, TUNED_DIR).configs)
     setting = search.settings[search.chosen]
     overrides = setting_overrides(compose(root, base), setting, search.run)
     header = [
