@@ -40,8 +40,7 @@ def test_v2_reads_this_machines_v1_runs_first_then_the_record(tmp_path, monkeypa
 
 
 def test_a_report_names_the_v1_record_relative_to_the_working_directory(tmp_path, monkeypatch):
-    root = Path(__file__).parents[2]
-    monkeypatch.chdir(root)
+    monkeypatch.chdir(ROOT)
     assert shown_path(V1_RECORD / "small.json") == "benchmarks/reproduce/v1_record/small.json"
     outside = tmp_path / "reproduction.json"
     assert shown_path(outside) == str(outside)  # not below the working directory: shown as given
