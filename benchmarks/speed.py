@@ -93,8 +93,8 @@ from benchmarks.load import LoadRecord, LoadRecorder, add_wait_quiet_argument, f
 from lightning_fed import FederatedTrainer
 from lightning_fed.datamodules import FashionMNISTFederated
 from lightning_fed.datamodules.partitioners import IidPartitioner, Partitioner
-from lightning_fed.engine.seeding import derive_seed
 from lightning_fed.models import ClassifierModule, LeNet5
+from lightning_fed.utilities.seeding import derive_seed
 
 GOALS = {32: 1.10, 10: 1.25}
 """Goal for lightning_fed / plain, per batch size."""

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_fed.datamodules.partitioners import Partitioner
-from lightning_fed.engine.seeding import derive_seed
 from lightning_fed.models import LeNet5
+from lightning_fed.utilities.seeding import derive_seed
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from lightning_fed.callbacks import FedCallback, ParameterPenalty, RoundProgressBar
     from lightning_fed.client_store import ClientStateStore
     from lightning_fed.context import ClientContext, ClientUpdate, RoundContext, RoundResult
-    from lightning_fed.engine.rejection import ClientDivergedError
+    from lightning_fed.engine import ClientDivergedError
     from lightning_fed.trainer import FederatedTrainer, FitInterrupted
 
 __version__ = "0.1.0"

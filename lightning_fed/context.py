@@ -146,29 +146,6 @@ class RoundResult:
 
 
 @dataclass
-class ClientShare:
-    """What one share of a round's clients produced, besides the declared round state and the store entries.
-
-    Attributes:
-        train_metrics: Every accepted client's training metrics, by client id.
-        rejected: The clients whose update was rejected (non-finite), in round order.
-        steps: Optimizer steps its clients took.
-        bytes_up: Client-to-server bytes its clients sent.
-        bytes_down: Server-to-client bytes its clients received.
-        dropped: The clients whose site did not answer in time (a deployment's; also in ``rejected``), in round
-            order; ``None`` where clients cannot drop out (in one process or DDP), and then no ``clients/dropped``
-            metric is logged.
-    """
-
-    train_metrics: dict[int, dict[str, float]] = field(default_factory=dict)
-    rejected: list[int] = field(default_factory=list)
-    steps: int = 0
-    bytes_up: int = 0
-    bytes_down: int = 0
-    dropped: list[int] | None = None
-
-
-@dataclass
 class FederationState:
     """The run's federated state, saved in every checkpoint (under the round loop's state).
 

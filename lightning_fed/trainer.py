@@ -15,13 +15,18 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_fed.aggregators import Aggregator, FedAvg
 from lightning_fed.context import FederationState, RoundResult
-from lightning_fed.engine.client_half import Boundary
-from lightning_fed.engine.evaluation import add_validation_and_bmta
-from lightning_fed.engine.loop import install_round_loop
-from lightning_fed.engine.rejection import warn_if_many_rejected
-from lightning_fed.engine.round import ClientSideFactory, RoundRunner
-from lightning_fed.engine.sampling import UniformClientSampler
-from lightning_fed.engine.step_counter import StepCounter, client_step_counts, run_steps
+from lightning_fed.engine import (
+    Boundary,
+    ClientSideFactory,
+    RoundRunner,
+    StepCounter,
+    UniformClientSampler,
+    add_validation_and_bmta,
+    client_step_counts,
+    install_round_loop,
+    run_steps,
+    warn_if_many_rejected,
+)
 from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.parallel import distributed
 from lightning_fed.parallel.distributed import check_world_size

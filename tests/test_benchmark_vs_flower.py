@@ -29,7 +29,7 @@ from benchmarks.vs_flower_work import (
     train_on_batches,
     write_case_data,
 )
-from lightning_fed.engine.seeding import derive_seed
+from lightning_fed.utilities.seeding import derive_seed
 
 TINY = Case("tiny", num_clients=3, samples_per_client=10, clients_per_round=3)
 

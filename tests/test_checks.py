@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from lightning_fed.checks import InvalidArgumentError, check_bool, check_choice, check_instance, check_int, check_real
-from lightning_fed.engine.schedule import is_due
 from lightning_fed.functional.gradients import add_to_grad_
+from lightning_fed.utilities.schedule import is_due
 
 
 @pytest.mark.parametrize("value", [True, 1.5, "3", None, 0, 11])

@@ -7,7 +7,7 @@ from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_
 
 from lightning_fed import FedCallback
 from lightning_fed.callbacks import FeatureLossTerm, FeatureMixin
-from lightning_fed.engine.seeding import derive_seed
+from lightning_fed.utilities.seeding import derive_seed
 
 LAM = 0.7
 SEED = 5

@@ -4,7 +4,7 @@ import torch
 from helpers.boring import BoringClassifier, HookRecorder, fast_trainer, global_weights, make_datamodule
 
 from lightning_fed import ClientDivergedError, FedCallback
-from lightning_fed.engine.seeding import derive_seed
+from lightning_fed.utilities.seeding import derive_seed
 
 
 def test_one_client_one_epoch_equals_centralised_lightning_training(tmp_path):

@@ -8,7 +8,7 @@ from helpers.boring import NUM_CLASSES, BoringClassifier, fast_trainer, global_w
 from lightning_fed import FedCallback
 from lightning_fed.callbacks import FedProx
 from lightning_fed.callbacks.personalized import PersonalizedCallback
-from lightning_fed.engine.seeding import derive_seed
+from lightning_fed.utilities.seeding import derive_seed
 
 NUM_CLIENTS = 5
 SEED = 2

@@ -12,9 +12,9 @@ from lightning_fed.aggregation import Aggregator
 from lightning_fed.aggregators.privacy_accounting import check_accounting, client_level_epsilon
 from lightning_fed.checks import InvalidArgumentError, check_bool, check_real
 from lightning_fed.context import ClientUpdate, RoundContext
-from lightning_fed.engine.seeding import derive_seed
 from lightning_fed.functional.dp import clip_update, gaussian_noise, next_clip_norm, update_noise_multiplier
 from lightning_fed.functional.state_dict import StateDict
+from lightning_fed.utilities.seeding import derive_seed
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView
@@ -54,7 +54,7 @@ class DPFedAvg(Aggregator):
           rejected (non-finite) client is dropped before clipping and counts as a zero update, which keeps the
           sensitivity at :math:`S`. Noise is added even when every client was rejected (returning :math:`w_g`
           unchanged would reveal it), unless :math:`z = 0`.
-        * The noise is drawn from a generator seeded with ``(run seed, round)`` (:func:`~lightning_fed.engine.seeding
+        * The noise is drawn from a generator seeded with ``(run seed, round)`` (:func:`~lightning_fed.utilities.seeding
           .derive_seed`): a resumed run draws the same noise, and under ``strategy="ddp"`` every rank adds the same
           noise once to the reduced sum, so all ranks hold the same model. The clip norm and the rounds accounted
           are server state in :meth:`state_dict`.
@@ -138,7 +138,7 @@ class DPFedAvg(Aggregator):
     @override
     def check_setup(self, trainer: FederatedTrainerView, datamodule: Any) -> None:
         """Refuses, when privacy is accounted, a sampler or callbacks that the accounting does not cover."""
-        from lightning_fed.engine.sampling import UniformClientSampler
+        from lightning_fed.engine import UniformClientSampler
 
         if self.delta is not None:
             if type(trainer.sampler) is not UniformClientSampler:

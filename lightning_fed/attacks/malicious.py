@@ -12,11 +12,11 @@ from lightning_fed.attacks.label_flip import LabelFlip
 from lightning_fed.attacks.selection import choose_malicious
 from lightning_fed.checks import InvalidArgumentError, check_choice, check_int, check_real
 from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
-from lightning_fed.engine.seeding import derive_seed
 from lightning_fed.functional.attacks import alie_update, alie_z, gaussian_update, scale_update, sign_flip
 from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.hooks import FedCallback
 from lightning_fed.parallel import distributed
+from lightning_fed.utilities.seeding import derive_seed
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView

@@ -7,7 +7,7 @@ import math
 import torch
 
 from lightning_fed.checks import check_int, check_real
-from lightning_fed.engine.seeding import derive_seed
+from lightning_fed.utilities.seeding import derive_seed
 
 
 def num_malicious(num_clients: int, fraction: float) -> int:
@@ -19,7 +19,7 @@ def num_malicious(num_clients: int, fraction: float) -> int:
 def choose_malicious(seed: int, num_clients: int, fraction: float) -> list[int]:
     """The malicious clients of a run: the first ``floor(fraction * num_clients)`` of a seeded permutation.
 
-    The permutation depends only on the run seed (through :func:`~lightning_fed.engine.seeding.derive_seed`), so the
+    The permutation depends only on the run seed (through :func:`~lightning_fed.utilities.seeding.derive_seed`), so the
     choice is the same on every rank and after a resume, and, for one seed, the attackers of a smaller fraction are
     among those of a larger one (a robustness sweep over fractions adds attackers rather than drawing new ones).
 

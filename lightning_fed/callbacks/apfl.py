@@ -12,11 +12,11 @@ from typing_extensions import override
 from lightning_fed.callbacks.personalized import PersonalizedCallback
 from lightning_fed.checks import check_bool, check_choice, check_real
 from lightning_fed.context import ClientContext, ClientUpdate
-from lightning_fed.engine.seeding import derive_seed, seed_torch
-from lightning_fed.engine.training_step import isolated_pass, step_gradient
+from lightning_fed.engine import isolated_pass, step_gradient
 from lightning_fed.functional.apfl import alpha_gradient, alpha_step, mix, personal_step_
 from lightning_fed.functional.state_dict import StateDict, copy_state_
 from lightning_fed.hooks import GroupStep
+from lightning_fed.utilities.seeding import derive_seed, seed_torch
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView

@@ -14,9 +14,9 @@ from lightning_fed.callbacks.personalized import PersonalizedCallback
 from lightning_fed.checks import check_choice, check_int, check_real
 from lightning_fed.client_store import ClientStateStore
 from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
-from lightning_fed.engine.schedule import is_due
 from lightning_fed.functional.fedamp import fedamp_weights, pairwise_squared_distances, personalized_cloud_models
 from lightning_fed.functional.state_dict import StateDict
+from lightning_fed.utilities.schedule import is_due
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView

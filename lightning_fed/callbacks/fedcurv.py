@@ -15,8 +15,7 @@ from typing_extensions import override
 from lightning_fed.callbacks.penalty import ParameterPenalty
 from lightning_fed.checks import check_choice, check_real
 from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
-from lightning_fed.engine.log_buffer import LogBuffer, batch_size_of, buffered_logging
-from lightning_fed.engine.training_step import call_step, loss_of
+from lightning_fed.engine import LogBuffer, batch_size_of, buffered_logging, call_step, loss_of
 from lightning_fed.functional.fedcurv import (
     STAT_KEYS,
     Statistics,

@@ -10,8 +10,8 @@ from typing_extensions import override
 from lightning_fed.callbacks.personalized import PersonalizedCallback
 from lightning_fed.checks import InvalidArgumentError, check_int
 from lightning_fed.context import ClientContext
-from lightning_fed.engine.schedule import is_due
 from lightning_fed.functional.state_dict import StateDict
+from lightning_fed.utilities.schedule import is_due
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from typing_extensions import override
 
 from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
-from lightning_fed.engine.evaluator import headline
+from lightning_fed.engine import headline
 from lightning_fed.hooks import FedCallback
 from lightning_fed.parallel import distributed
 

@@ -12,7 +12,6 @@ from typing_extensions import override
 from lightning_fed.callbacks.feature_loss import FeatureLossTerm
 from lightning_fed.checks import InvalidArgumentError, check_choice, check_int, check_real
 from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
-from lightning_fed.engine.seeding import derive_seed
 from lightning_fed.functional.mmd import (
     clip_rows,
     delta_bytes,
@@ -22,6 +21,7 @@ from lightning_fed.functional.mmd import (
     linear_mmd,
 )
 from lightning_fed.functional.state_dict import state_nbytes
+from lightning_fed.utilities.seeding import derive_seed
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView

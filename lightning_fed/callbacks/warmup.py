@@ -9,9 +9,9 @@ from typing_extensions import override
 
 from lightning_fed.checks import InvalidArgumentError, check_int, check_real
 from lightning_fed.context import RoundContext
-from lightning_fed.engine.local_training import LocalTrainer
-from lightning_fed.engine.seeding import derive_seed, seed_torch
+from lightning_fed.engine import LocalTrainer
 from lightning_fed.hooks import FedCallback, federated_trainer
+from lightning_fed.utilities.seeding import derive_seed, seed_torch
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView

@@ -14,13 +14,12 @@ from typing_extensions import override
 
 from lightning_fed.checks import check_int
 from lightning_fed.context import RoundContext
-from lightning_fed.engine.local_training import LocalTrainer
-from lightning_fed.engine.schedule import is_due
-from lightning_fed.engine.seeding import derive_seed, seed_torch
-from lightning_fed.engine.training_step import isolated_pass
+from lightning_fed.engine import LocalTrainer, isolated_pass
 from lightning_fed.functional.divergence import total_weight_divergence, weight_divergence
 from lightning_fed.functional.state_dict import StateDict, clone_state, copy_state_
 from lightning_fed.hooks import FedCallback, federated_trainer
+from lightning_fed.utilities.schedule import is_due
+from lightning_fed.utilities.seeding import derive_seed, seed_torch
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView

@@ -30,8 +30,8 @@ from lightning_fed.datamodules.layout import (
 from lightning_fed.datamodules.loaders import LoaderOptions, index_loader
 from lightning_fed.datamodules.partitioners.base import Partitioner
 from lightning_fed.datamodules.sharing import DataSharing, hold_out_shares, sharing_statistics, warn_without_warmup
-from lightning_fed.engine.seeding import derive_seed
 from lightning_fed.functional.partition_stats import earth_movers_distance, label_histogram
+from lightning_fed.utilities.seeding import derive_seed
 
 
 class FederatedDataModule(LightningDataModule, ABC):
@@ -424,16 +424,6 @@ class FederatedDataModule(LightningDataModule, ABC):
             drop_last=self.drop_last and train,
             batch_keys=self.batch_keys if self.batch_format == "dict" else None,
         )
-
-
-def __getattr__(name: str) -> object:
-    # `DatasetFederated` lives in its own module, which imports this one; it is looked up lazily so that
-    # `from lightning_fed.datamodules.base import DatasetFederated` keeps working without an import cycle.
-    if name == "DatasetFederated":
-        from lightning_fed.datamodules.dataset_federated import DatasetFederated
-
-        return DatasetFederated
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["FederatedDataModule", "extract_labels"]

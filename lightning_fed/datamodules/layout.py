@@ -17,7 +17,7 @@ from torch.utils.data import Dataset, Subset
 from lightning_fed.checks import InvalidArgumentError
 from lightning_fed.datamodules._splits import RaggedIndex, holdout_sizes, stratified_holdout
 from lightning_fed.datamodules.partitioners.base import Partitioner
-from lightning_fed.engine.seeding import derive_seed
+from lightning_fed.utilities.seeding import derive_seed
 
 
 @dataclass

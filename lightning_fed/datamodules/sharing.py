@@ -18,8 +18,8 @@ from torch import Tensor
 
 from lightning_fed.checks import check_int, check_real
 from lightning_fed.datamodules._splits import RaggedIndex
-from lightning_fed.engine.seeding import derive_seed
 from lightning_fed.functional.partition_stats import earth_movers_distance, label_histogram
+from lightning_fed.utilities.seeding import derive_seed
 
 
 @dataclass

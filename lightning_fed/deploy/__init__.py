@@ -1,6 +1,7 @@
 """Running a federated fit across real sites: the server keeps lightning_fed's loop, each site runs the client half.
 
-* :mod:`~lightning_fed.deploy.wire`: the messages (a round's task down, the site's reply up) and their encoding.
+* :mod:`~lightning_fed.deploy.wire`: the encoding of the seam's messages (:mod:`lightning_fed.messages`: a round's
+  task down, the site's reply up).
 * :mod:`~lightning_fed.deploy.site`: a client site (builds the module from the configuration, trains the client).
 * :mod:`~lightning_fed.deploy.site_store`: the clients' state at their site, versioned per round.
 * :mod:`~lightning_fed.deploy.remote`: the server's client side over a transport.
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from lightning_fed.deploy.site import ClientSite, SiteTrainer
     from lightning_fed.deploy.site_store import SiteStateStore
     from lightning_fed.deploy.transport import LoopbackTransport, RoundReplies, Transport
-    from lightning_fed.deploy.wire import WIRE_VERSION, RoundTask, SiteReply, decode, encode
+    from lightning_fed.deploy.wire import WIRE_VERSION, decode, encode
 
 # Imported on first use: a Flower ClientApp process that only answers SecAgg+'s key exchanges needs none of it.
 __getattr__, __dir__ = lazy_exports(
@@ -30,7 +31,7 @@ __getattr__, __dir__ = lazy_exports(
         **dict.fromkeys(("ClientSite", "SiteTrainer"), "lightning_fed.deploy.site"),
         "SiteStateStore": "lightning_fed.deploy.site_store",
         **dict.fromkeys(("LoopbackTransport", "RoundReplies", "Transport"), "lightning_fed.deploy.transport"),
-        **dict.fromkeys(("WIRE_VERSION", "RoundTask", "SiteReply", "decode", "encode"), "lightning_fed.deploy.wire"),
+        **dict.fromkeys(("WIRE_VERSION", "decode", "encode"), "lightning_fed.deploy.wire"),
     },
 )
 
@@ -40,8 +41,6 @@ __all__ = [
     "LoopbackTransport",
     "RemoteClients",
     "RoundReplies",
-    "RoundTask",
-    "SiteReply",
     "SiteStateStore",
     "SiteTrainer",
     "Transport",

@@ -1,9 +1,8 @@
-"""The algorithm objects of a fit that cross between a deployment's server and its sites, and which may.
+"""Which fits may be deployed, and whether a site and the server run the same one.
 
-An algorithm object is the aggregator or a callback that declares cross-process state
-(:class:`~lightning_fed.parallel.reduction.CrossProcessState`). A site builds the same objects from the same
-configuration, so both sides key them alike: ``"aggregator"``, then ``"callback-<i>-<Class>"`` in the order of the
-trainer's callbacks.
+The algorithm objects themselves and what of them crosses (broadcast state down, round state up) are the seam's,
+:mod:`lightning_fed.engine.algorithm_state`; a deployment adds the checks here: the configuration's fingerprint a site
+must share with the server, and the algorithms that cannot run with their clients' state kept at the sites.
 """
 
 from __future__ import annotations
@@ -11,51 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from lightning.pytorch import LightningModule
-from lightning.pytorch.callbacks import ProgressBar
 
+from lightning_fed.engine import algorithm_objects
 from lightning_fed.hooks import FederatedTrainerView
-from lightning_fed.parallel.reduction import CrossProcessState
 from lightning_fed.run.fingerprint import Fingerprint, differences, experiment_fingerprint, format_differences
 from lightning_fed.trainer import FederatedTrainer
-
-
-def algorithm_objects(trainer: FederatedTrainerView) -> dict[str, CrossProcessState]:
-    """The fit's aggregator and state-declaring callbacks, by their key on the wire."""
-    objects: dict[str, CrossProcessState] = {"aggregator": trainer.aggregator}
-    position = 0
-    for callback in trainer.callbacks:
-        # A progress bar shows the run and changes nothing in it (the experiment fingerprint leaves it out too): a
-        # site, which shows nothing, need not build it.
-        if isinstance(callback, CrossProcessState) and not isinstance(callback, ProgressBar):
-            objects[f"callback-{position}-{type(callback).__name__}"] = callback
-            position += 1
-    return objects
-
-
-def broadcast(trainer: FederatedTrainerView) -> dict[str, dict[str, Any]]:
-    """Every algorithm object's broadcast state (what a client needs of the server's state this round)."""
-    return {key: obj.broadcast_state() for key, obj in algorithm_objects(trainer).items()}
-
-
-def load_broadcast(trainer: FederatedTrainerView, states: dict[str, dict[str, Any]]) -> None:
-    """Loads the server's broadcast state into the site's algorithm objects (their other state stays as built).
-
-    Raises:
-        ValueError: If the site's algorithms are not the server's (another configuration).
-    """
-    objects = algorithm_objects(trainer)
-    if set(objects) != set(states):
-        raise ValueError(
-            f"The server runs the algorithms {sorted(states)} but this site built {sorted(objects)}: start the site"
-            " from the same app config as the server."
-        )
-    for key, state in states.items():
-        if not state:
-            continue
-        obj: Any = objects[key]
-        full = dict(obj.state_dict())
-        full.update(state)
-        obj.load_state_dict(full)
 
 
 def algorithm_fingerprint(
@@ -104,11 +63,4 @@ def check_deployable(trainer: FederatedTrainerView) -> None:
             )
 
 
-__all__ = [
-    "algorithm_fingerprint",
-    "algorithm_objects",
-    "broadcast",
-    "check_deployable",
-    "check_same_configuration",
-    "load_broadcast",
-]
+__all__ = ["algorithm_fingerprint", "check_deployable", "check_same_configuration"]

@@ -1,13 +1,14 @@
-"""The server's side of a deployed round: its clients train at their sites, and their round state is folded in.
+"""The server's side of a deployed round: its clients train at their sites.
 
-:class:`RemoteClients` takes the place of the client half in the server's round
-(:class:`~lightning_fed.engine.round.RoundRunner`'s ``client_side``): after the server half opened the round
-(sampled, ran ``on_round_start``, reset the aggregator), it sends each sampled client a
-:class:`~lightning_fed.deploy.wire.RoundTask`, and folds the replies' round state into the server's algorithm
-objects in round order (``CrossProcessState.absorb_round_state``), so that the server half closes the round exactly
-as one process would: the same ``compute``, ``on_aggregate``, evaluation, logging and checkpoint. Under secure
-aggregation the sums arrive as one total over the round's replies (:mod:`~lightning_fed.deploy.secure_sum`), folded
-in once.
+:class:`RemoteClients` is the client side of the server's round (:class:`~lightning_fed.engine.RoundRunner`'s
+``client_side``): the server half's task for the round's clients becomes one :class:`~lightning_fed.messages.
+ClientTask` per client, carrying what a site needs to open the round as the server did (the algorithms' broadcast
+state, the LR schedulers, the configuration's fingerprint), and the sites' :class:`~lightning_fed.messages.
+ClientReply` s come back in round order, each with its client's round state, for the server half to fold in
+(``ServerHalf.fold``) exactly as one process would. A client whose reply does not arrive is answered for with
+:meth:`ClientReply.no_answer <lightning_fed.messages.ClientReply.no_answer>`. Under secure aggregation the sums
+arrive as one total over the round's replies (:mod:`~lightning_fed.deploy.secure_sum`): one more reply, with no
+client, that carries that total.
 
 The server also keeps, per client, the newest round whose reply it folded (its client store's :data:`FOLDED`
 namespace, checkpointed with the round), and each task names it: a site may have written a round's version and
@@ -20,17 +21,19 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import LightningModule
 
-from lightning_fed.context import ClientShare, RoundContext
-from lightning_fed.deploy.algorithms import algorithm_fingerprint, algorithm_objects, broadcast
+from lightning_fed.deploy.algorithms import algorithm_fingerprint
 from lightning_fed.deploy.secure_sum import rebuild_sums, split_round_state
 from lightning_fed.deploy.transport import Transport
-from lightning_fed.deploy.wire import RoundTask
-from lightning_fed.engine.dispatch import HookDispatcher
-from lightning_fed.engine.rejection import reject_client
-from lightning_fed.engine.round import ClientSideFactory
-from lightning_fed.engine.schedulers import scheduler_snapshot
-from lightning_fed.engine.step_counter import StepCounter
+from lightning_fed.engine import (
+    ClientSideFactory,
+    HookDispatcher,
+    StepCounter,
+    algorithm_objects,
+    broadcast,
+    scheduler_snapshot,
+)
 from lightning_fed.functional.state_dict import StateDict, clone_state
+from lightning_fed.messages import ClientReply, ClientTask
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView
@@ -48,7 +51,7 @@ class RemoteClients:
         transport: Reaches the sites.
         trainer: The server's federated trainer.
         module: The server's module (it holds the global model).
-        steps: The fit's step counter; advanced by the steps the sites took.
+        steps: The fit's step counter (unused: the server half counts the steps the replies report).
         hooks: The server's hook dispatcher (unused: the per-client hooks run at the sites).
     """
 
@@ -63,59 +66,37 @@ class RemoteClients:
         self.transport = transport
         self.trainer = trainer
         self.module = module
-        self.steps = steps
         self._configuration: dict[str, Any] | None = None
 
-    def run(self, round_ctx: RoundContext, client_ids: list[int]) -> ClientShare:
-        """Sends the round's tasks, folds the replies in round order and returns the round's share.
-
-        A client whose reply does not arrive is dropped: it counts as rejected (``clients/rejected``) and contributes
-        nothing, as a diverged client does in simulation.
-        """
-        self.steps.start_round()
+    def answer(self, task: ClientTask) -> list[ClientReply]:
+        """Sends each of the task's clients its own task and returns the replies in round order (a client whose site
+        did not answer gets :meth:`~lightning_fed.messages.ClientReply.no_answer`; under secure aggregation one more
+        reply carries the round's summed state)."""
         tasks = self._tasks(
-            round_ctx.round_idx,
-            client_ids,
-            list(round_ctx.client_ids),
-            dict(round_ctx.num_samples),
-            round_ctx.global_params,
+            task.round_idx,
+            list(task.client_ids),
+            list(task.round_clients),
+            dict(task.num_samples),
+            task.global_params,
             schedulers=scheduler_snapshot(self.module.trainer),
         )
         received = self.transport.exchange(tasks)
-        replies, secure = received.replies, self.transport.secure_range is not None
-        objects = algorithm_objects(self.trainer)
-        dropped: list[int] = []
-        share = ClientShare(dropped=dropped)
-        for client_id in client_ids:
-            reply = replies.get(client_id)
+        store = self.trainer.federation_state.store
+        replies: list[ClientReply] = []
+        for client_id in task.client_ids:
+            reply = received.replies.get(client_id)
             if reply is None:
-                round_ctx.rejected.append(client_id)
-                dropped.append(client_id)
-                self.trainer.print(
-                    f"[lightning_fed] Client {client_id} did not reply in round {round_ctx.round_idx}: it was left"
-                    " out of the aggregate."
-                )
+                replies.append(ClientReply.no_answer(task.round_idx, client_id))
                 continue
-            if reply.rejected:
-                reject_client(self.trainer, round_ctx, client_id, reply.rejected_because or "its site rejected it")
-            else:
-                for key, obj in objects.items():
-                    # Under secure aggregation a reply holds what is not a sum; the sums come as one total below.
-                    obj.absorb_round_state(reply.round_state[key], partial=secure)
-                share.train_metrics[client_id] = reply.train_metrics
-                self.trainer.federation_state.store.put(FOLDED, client_id, round_ctx.round_idx)
-            self.steps.add(reply.steps)
-            round_ctx.bytes_up += reply.bytes_up
-            round_ctx.bytes_down += reply.bytes_down
+            if client_id not in reply.rejected:
+                store.put(FOLDED, client_id, task.round_idx)
+            replies.append(reply)
         if received.secure_sum is not None:
             # The round's sums over every reply (a rejected client added zeros), rebuilt in the server's declared
-            # structure and folded in once.
-            totals = rebuild_sums(split_round_state(objects)[0], received.secure_sum)
-            for key, obj in objects.items():
-                obj.absorb_round_state(totals[key], partial=True)
-        share.rejected = list(round_ctx.rejected)
-        share.steps = self.steps.round_steps
-        return share
+            # structure: folded in once, after the replies that hold the rest.
+            totals = rebuild_sums(split_round_state(algorithm_objects(self.trainer))[0], received.secure_sum)
+            replies.append(ClientReply(round_idx=task.round_idx, client_ids=[], round_state=totals, partial=True))
+        return replies
 
     def evaluate(self, round_idx: int, client_ids: list[int]) -> tuple[dict[int, dict[str, float]], bool]:
         """Asks each client's site to evaluate the new global model (or the client's personalised model) on the
@@ -134,8 +115,8 @@ class RemoteClients:
                 continue
             # A personalisation hook may have written the client's state: the site saved it as this round's version.
             store.put(FOLDED, client_id, round_idx)
-            if reply.eval_metrics is not None:
-                results[client_id] = reply.eval_metrics
+            if client_id in reply.eval_metrics:
+                results[client_id] = reply.eval_metrics[client_id]
                 personalised |= reply.personalised
         return results, personalised
 
@@ -148,7 +129,7 @@ class RemoteClients:
         global_params: StateDict,
         schedulers: list[Any] | None = None,
         evaluate: bool = False,
-    ) -> list[RoundTask]:
+    ) -> list[ClientTask]:
         """One task per client of ``client_ids``; what they share (the broadcast state, the scheduler snapshot, the
         configuration's fingerprint) is computed once and shared by every task of the round."""
         trainer = self.trainer
@@ -158,10 +139,10 @@ class RemoteClients:
             self._configuration = algorithm_fingerprint(view, self.module, getattr(view, "fed_fingerprint", None))
         broadcast_state, run_id = broadcast(trainer), str(getattr(trainer, "fed_run_id", None) or "")
         return [
-            RoundTask(
+            ClientTask(
                 round_idx=round_idx,
-                client_id=client_id,
-                client_ids=round_clients,
+                client_ids=[client_id],
+                round_clients=round_clients,
                 num_samples=num_samples,
                 seed=state.seed,
                 global_params=global_params,

@@ -1,51 +1,46 @@
-"""A client site of a deployment: receives a round's task for one of its clients and runs the client half on it.
+"""A client site of a deployment: decode a task, run the client half on it, encode the reply.
 
-For each :class:`~lightning_fed.deploy.wire.RoundTask` the site builds the user's module and datamodule and a
-:class:`SiteTrainer` from the same configuration as the server (a Flower ClientApp starts a fresh process per
-message, so nothing is kept in memory between tasks), and runs one Lightning ``fit`` whose only round is the task:
+A site builds the user's module and datamodule and a :class:`SiteTrainer` from the same configuration as the server,
+**once**, and keeps them warm: the trainer's one Lightning fit (its site loop, :func:`~lightning_fed.engine.
+install_site_loop`) runs in a thread of its own and answers tasks as they come, so a task costs its training, not
+Python's, torch's and Lightning's start-up. For each :class:`~lightning_fed.messages.ClientTask`:
 
-1. the server's broadcast state goes into the site's algorithm objects, the LR schedulers are put at the round's
-   state, the module is loaded with the global model and the client's own state with its committed version on disk
-   (:class:`~lightning_fed.deploy.site_store.SiteStateStore`);
-2. the round is opened as the server opened it (``ServerHalf.start_round``: ``on_round_start``, the aggregator's
-   reset), with the server's sampled clients and seed, so the site's algorithms hold what the server's held;
-3. the **same** client half as in simulation trains the client (``ClientHalf.run``), checks its update, runs the
-   per-client hooks and folds the update into the declared round state;
-4. the round state goes back in a :class:`~lightning_fed.deploy.wire.SiteReply` (under secure aggregation its sums
-   apart, for masking: :mod:`~lightning_fed.deploy.secure_sum`), and the client's store entries are written as the
-   round's pending version.
+1. the client's committed state is read from disk (:class:`~lightning_fed.deploy.site_store.SiteStateStore`) into
+   the trainer's client store, which holds nothing else, and the algorithm objects are put back as they were built;
+2. the **same** client half as in simulation runs the task (``ClientHalf.run_task``): it takes the server's broadcast
+   state, LR schedulers and global model, opens the round as the server did (``on_round_start``, the aggregator's
+   reset, with the server's sampled clients and seed), trains the client, checks its update, runs the per-client
+   hooks and folds the update into the declared round state, which its reply carries;
+3. under secure aggregation the reply's sums are split off for masking (:mod:`~lightning_fed.deploy.secure_sum`);
+   the client's store entries are written as the round's pending version.
 
-A site is a DDP rank whose share is one client: the server folds the replies in round order and closes the round as
-one process would.
+A warm site keeps nothing that its state directory does not also hold: what a task reads is the task, the client's
+version on disk and the objects as built, so a site killed at any point and started again answers the same task with
+the same reply. A site is a DDP rank whose share is one client: the server folds the replies in round order and
+closes the round as one process would.
 """
 
 from __future__ import annotations
 
+import copy
+import queue
 import sys
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from torch import Tensor
 from typing_extensions import override
 
-from lightning_fed.client_store import ClientStateStore
-from lightning_fed.deploy.algorithms import (
-    algorithm_fingerprint,
-    algorithm_objects,
-    check_same_configuration,
-    load_broadcast,
-)
+from lightning_fed.deploy.algorithms import algorithm_fingerprint, check_same_configuration
 from lightning_fed.deploy.secure_sum import out_of_range, split_round_state, sum_leaves
 from lightning_fed.deploy.site_store import SiteStateStore
-from lightning_fed.deploy.wire import RoundTask, SiteReply, decode, encode
-from lightning_fed.engine.client_half import Boundary
-from lightning_fed.engine.round import RoundRunner
-from lightning_fed.engine.schedulers import restore_schedulers
-from lightning_fed.engine.step_counter import StepCounter
-from lightning_fed.functional.state_dict import copy_state_
+from lightning_fed.deploy.wire import decode, encode
+from lightning_fed.engine import ClientHalf, algorithm_objects, install_site_loop
+from lightning_fed.messages import ClientReply, ClientTask
 from lightning_fed.run.setup_checks import check_federation_setup
 from lightning_fed.trainer import FederatedTrainer
 
@@ -53,7 +48,7 @@ from lightning_fed.trainer import FederatedTrainer
 #: :func:`lightning_fed.deploy.config.site_builder` reads them from the app's ``config.yaml``.
 SiteBuilder = Callable[[], tuple[LightningModule, LightningDataModule, "SiteTrainer"]]
 
-# What a site never does: it logs, checkpoints and evaluates nothing (the server does), and it runs one round.
+# What a site never does: it logs, checkpoints and evaluates nothing (the server does), and it runs one fit.
 _SITE_SETTINGS: dict[str, Any] = {
     "num_rounds": 1,
     "logger": False,
@@ -67,134 +62,198 @@ _SITE_SETTINGS: dict[str, Any] = {
 
 
 class SiteTrainer(FederatedTrainer):
-    """A ``FederatedTrainer`` whose one round is a deployment task: the client half for one client, nothing else.
+    """A ``FederatedTrainer`` whose one fit answers deployment tasks with its client half, and does nothing else.
 
     It keeps everything the client half needs from a Lightning fit (the module attached, ``configure_optimizers``,
-    the strategy's device and precision, ``self.log``), and writes no run directory, log or checkpoint.
-
-    Set :attr:`task` (and :attr:`client_state`, the client's committed state) before ``fit``.
+    the strategy's device and precision, ``self.log``), and writes no run directory, log or checkpoint. Its fit's
+    one epoch is the site loop: :meth:`serve` hands the client half to :attr:`answer_tasks`, which returns when
+    there are no more tasks.
 
     Args:
         kwargs: ``FederatedTrainer``'s arguments, from the server's configuration; the site's own settings
-            (no logger, no checkpoints, one round) replace the ones that concern the run's reporting.
+            (no logger, no checkpoints, one fit) replace the ones that concern the run's reporting.
     """
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.update(_SITE_SETTINGS)
         super().__init__(**kwargs)
-        self.task: RoundTask | None = None
-        self.reply: SiteReply | None = None
-        self.client_state: dict[str, Any] = {}
-        # Whether the task may have changed the client's state (training: always; an evaluation: if a hook wrote).
-        self.state_written = True
+        install_site_loop(self)
+        #: Answers the site's tasks with the client half it is given; set before ``fit``.
+        self.answer_tasks: Callable[[ClientHalf], None] | None = None
 
     @override
     def fit(self, model: LightningModule, *args: Any, datamodule: LightningDataModule | None = None, **kw: Any) -> None:
-        """Runs :attr:`task` (Lightning's fit without the run directory, lock and checkpoint resolution)."""
-        if self.task is None:
-            raise RuntimeError("A SiteTrainer runs a RoundTask: set `trainer.task` before `fit`.")
+        """Answers tasks (Lightning's fit without the run directory, lock and checkpoint resolution)."""
+        if self.answer_tasks is None:
+            raise RuntimeError("A SiteTrainer answers tasks: set `trainer.answer_tasks` before `fit`.")
         Trainer.fit(self, model, datamodule=datamodule)
 
     @override
     def start_federation(self) -> None:
-        assert self.task is not None
         check_federation_setup(self, self.lightning_module)
-        self.federation_state.seed = self.task.seed
-        self.sampler.seed = self.task.seed
+        self.sampler.seed = self.federation_state.seed
         self.aggregator.setup(self)
 
-    @override
-    def build_round_runner(self, steps: StepCounter, boundary: Boundary) -> RoundRunner:
-        return _SiteRound(self, self.lightning_module, steps, boundary)
+    def serve(self, client: ClientHalf) -> None:
+        """The site loop's body (:class:`~lightning_fed.engine.SiteHost`): answers tasks until there are none."""
+        assert self.answer_tasks is not None
+        self.answer_tasks(client)
 
 
-class _SiteRound(RoundRunner):
-    """The round runner of a :class:`SiteTrainer`: opens the server's round and trains the task's client."""
+@dataclass
+class _Job:
+    """One task for the site's worker thread, and what comes back."""
 
-    trainer: SiteTrainer
+    task: ClientTask
+    client_state: dict[str, Any]
+    done: threading.Event = field(default_factory=threading.Event)
+    reply: ClientReply | None = None
+    error: BaseException | None = None
+    # Whether the task may have changed the client's state (training: always; an evaluation: if a hook wrote).
+    state_written: bool = True
 
-    @override
-    def run(self, round_idx: int) -> None:  # type: ignore[override]
-        trainer, task = self.trainer, self.trainer.task
-        assert task is not None
-        load_broadcast(trainer, task.broadcast)
-        if task.schedulers:
-            restore_schedulers(trainer, task.schedulers)
-        copy_state_(self.live, task.global_params)
-        store: ClientStateStore = trainer.federation_state.store
-        for namespace, value in trainer.client_state.items():
+
+class _SiteWorker:
+    """A built site whose trainer's fit runs in a thread of its own, answering one job at a time.
+
+    Args:
+        build: Builds the site's ``(module, datamodule, trainer)``.
+        seed: The run seed (the aggregator's setup reads it; every task of this worker must carry it).
+    """
+
+    def __init__(self, build: SiteBuilder, seed: int) -> None:
+        self.seed = seed
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        module, datamodule, trainer = build()
+        trainer.federation_state.seed = seed
+        trainer.answer_tasks = self._answer_jobs
+        self.trainer = trainer
+        self.fingerprint = algorithm_fingerprint(trainer, module)
+        self._built: dict[str, dict[str, Any]] = {}
+        self._thread = threading.Thread(
+            target=self._fit, args=(trainer, module, datamodule), name="lightning_fed-site", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker still answers jobs (a job that raised ends it)."""
+        return self._thread.is_alive()
+
+    def run(self, job: _Job) -> _Job:
+        """Runs ``job`` in the worker's thread and waits for it.
+
+        Raises:
+            Exception: Whatever the job raised (the worker has stopped then).
+        """
+        if not self.alive:
+            raise RuntimeError("The site's worker has stopped; a new one must be built.")
+        self._jobs.put(job)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job
+
+    def close(self) -> None:
+        """Ends the worker's fit once the jobs before have run."""
+        if self.alive:
+            self._jobs.put(None)
+
+    def _fit(self, trainer: SiteTrainer, module: LightningModule, datamodule: LightningDataModule) -> None:
+        try:
+            trainer.fit(module, datamodule=datamodule)
+        except BaseException as error:  # reported to the waiting job, if any; the thread ends either way
+            self._fail_pending(error)
+        finally:
+            self._fail_pending(RuntimeError("The site's worker stopped before answering this task."))
+
+    def _fail_pending(self, error: BaseException) -> None:
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                job.error = error
+                job.done.set()
+
+    def _answer_jobs(self, client: ClientHalf) -> None:
+        trainer = self.trainer
+        # The algorithm objects as built: every task starts from them, as a freshly started site would.
+        objects: dict[str, Any] = algorithm_objects(trainer)
+        self._built = {key: copy.deepcopy(obj.state_dict()) for key, obj in objects.items()}
+        while (job := self._jobs.get()) is not None:
+            try:
+                self._answer(client, job)
+            except BaseException as error:
+                job.error = error
+                job.done.set()
+                raise
+            job.done.set()
+
+    def _answer(self, client: ClientHalf, job: _Job) -> None:
+        trainer, task = self.trainer, job.task
+        if task.fingerprint:
+            check_same_configuration(task.fingerprint, self.fingerprint)
+        if task.seed != self.seed:
+            raise ValueError(
+                f"This site serves a run with seed {self.seed}, and a task of seed {task.seed} arrived: start the"
+                " site again for the new run."
+            )
+        objects: dict[str, Any] = algorithm_objects(trainer)
+        for key, obj in objects.items():
+            obj.load_state_dict(copy.deepcopy(self._built[key]))
+        store = trainer.federation_state.store
+        store.clear()
+        for namespace, value in job.client_state.items():
             store.put(namespace, task.client_id, value)
         store.take_changes()
+        reply = client.run_task(task)
         if task.evaluate:
-            trainer.reply = self._evaluate(task)
             # The store's change log says whether a personalisation hook wrote anything: only then a new version.
             changes = store.take_changes()
-            trainer.state_written = bool(changes["put"] or changes["pop"])
-            trainer.client_state = self._client_state(task.client_id)
-            return
-        round_ctx = self.server.start_round(task.round_idx, task.client_ids, task.num_samples)
-        share = self.client.run(round_ctx, [task.client_id])
-        trainer.client_state = self._client_state(task.client_id)
-        objects = algorithm_objects(trainer)
-        rejected = task.client_id in share.rejected
-        because = "it holds NaN or Inf" if rejected else ""
-        secure_sums: list[Tensor] = []
-        if task.secure_range is None:
-            round_state = {key: obj.round_state() for key, obj in objects.items()}
-        else:
-            sums, round_state = split_round_state(objects)
-            beyond = None if rejected else out_of_range(sums, task.secure_range)
-            if beyond is not None:
-                # Clipping would change the sum without a word: the client leaves the round instead, as a diverged
-                # client does, and says which setting to change.
-                because = (
-                    f"{beyond}, beyond secure aggregation's fixed-point range ±{task.secure_range:g}; raise"
-                    " `secagg-clipping-range` in the app's run config (each step of the grid grows with it)"
-                )
-                print(
-                    f"[lightning_fed] Client {task.client_id} rejects its update of round {task.round_idx}: {because}.",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                rejected = True
-            secure_sums = sum_leaves(sums)
-            if rejected:  # the masked total still needs this site's share: zeros
-                secure_sums = [torch.zeros_like(leaf) for leaf in secure_sums]
-        trainer.reply = SiteReply(
-            round_idx=task.round_idx,
-            client_id=task.client_id,
-            round_state=round_state,
-            train_metrics={} if rejected else share.train_metrics.get(task.client_id, {}),
-            rejected=rejected,
-            rejected_because=because,
-            steps=share.steps,
-            bytes_up=share.bytes_up,
-            bytes_down=share.bytes_down,
-            secure_sums=secure_sums,
-        )
+            job.state_written = bool(changes["put"] or changes["pop"])
+        elif task.secure_range is not None:
+            _split_for_secure_aggregation(trainer, task, reply)
+        job.client_state = {
+            ns: store.get(ns, task.client_id) for ns in store.namespaces() if store.has(ns, task.client_id)
+        }
+        job.reply = reply
 
-    def _evaluate(self, task: RoundTask) -> SiteReply:
-        results, personalised = self.server.evaluator.evaluate_share(task.round_idx, [task.client_id])
-        return SiteReply(
-            round_idx=task.round_idx,
-            client_id=task.client_id,
-            round_state={},
-            train_metrics={},
-            rejected=False,
-            steps=0,
-            bytes_up=0,
-            bytes_down=0,
-            eval_metrics=results.get(task.client_id),
-            personalised=personalised,
-        )
 
-    def _client_state(self, client_id: int) -> dict[str, Any]:
-        store = self.trainer.federation_state.store
-        return {ns: store.get(ns, client_id) for ns in store.namespaces() if store.has(ns, client_id)}
+def _split_for_secure_aggregation(trainer: SiteTrainer, task: ClientTask, reply: ClientReply) -> None:
+    """Moves the reply's sums into :attr:`~lightning_fed.messages.ClientReply.secure_sums` (zeros when the client is
+    rejected), leaving the rest in its round state; a client whose sums leave ``±secure_range`` rejects itself."""
+    assert task.secure_range is not None
+    sums, rest = split_round_state(algorithm_objects(trainer))
+    rejected = task.client_id in reply.rejected
+    beyond = None if rejected else out_of_range(sums, task.secure_range)
+    if beyond is not None:
+        # Clipping would change the sum without a word: the client leaves the round instead, as a diverged client
+        # does, and says which setting to change.
+        because = (
+            f"{beyond}, beyond secure aggregation's fixed-point range ±{task.secure_range:g}; raise"
+            " `secagg-clipping-range` in the app's run config (each step of the grid grows with it)"
+        )
+        print(
+            f"[lightning_fed] Client {task.client_id} rejects its update of round {task.round_idx}: {because}.",
+            file=sys.stderr,
+            flush=True,
+        )
+        reply.rejected[task.client_id] = because
+        reply.train_metrics = {}
+        rejected = True
+    secure_sums = sum_leaves(sums)
+    if rejected:  # the masked total still needs this site's share: zeros
+        secure_sums = [torch.zeros_like(leaf) for leaf in secure_sums]
+    reply.round_state, reply.partial, reply.secure_sums = rest, True, secure_sums
 
 
 class ClientSite:
     """One organisation's site: answers round tasks for its clients with the client half, keeping their state on disk.
+
+    The site is built on its first task and stays warm (see the module's docstring); :meth:`close` ends it. A task
+    that raises ends the warm site too: the next task builds a fresh one, as a restarted site would.
 
     Args:
         build: Builds a fresh ``(module, datamodule, trainer)`` from the deployment's configuration (with this
@@ -205,36 +264,44 @@ class ClientSite:
 
         site = ClientSite(build, "site-3-state")
         reply_bytes = site.handle_bytes(task_bytes)
+        site.close()
     """
 
     def __init__(self, build: SiteBuilder, state_dir: str | Path) -> None:
         self.build = build
         self.state_dir = Path(state_dir)
+        self._worker: _SiteWorker | None = None
 
-    def handle(self, task: RoundTask) -> SiteReply:
-        """Trains ``task.client_id`` in ``task.round_idx`` and returns the reply; writes the client's new state
-        version (pending until the server commits the round)."""
-        module, datamodule, trainer = self.build()
-        if task.fingerprint:
-            check_same_configuration(task.fingerprint, algorithm_fingerprint(trainer, module))
+    def handle(self, task: ClientTask) -> ClientReply:
+        """Trains (or evaluates) ``task``'s client in ``task.round_idx`` and returns the reply; writes the client's
+        new state version (pending until the server commits the round)."""
+        if not task.opens_round:
+            raise ValueError("A site's task carries the server's broadcast state; this one has none.")
+        if self._worker is None or not self._worker.alive or self._worker.seed != task.seed:
+            self.close()
+            self._worker = _SiteWorker(self.build, task.seed)
         store = SiteStateStore(self.state_dir, task.client_id)
-        trainer.task = task
         # Training starts from the client's newest round that the server folded and committed; an evaluation after
         # round r from the newest it folded (round r's pending version, if the server folded the client's reply).
         read = store.latest if task.evaluate else store.load
-        trainer.client_state = read(task.committed_round)
-        trainer.fit(module, datamodule=datamodule)
-        if trainer.reply is None:
-            raise RuntimeError(
-                f"The site's fit ended without running round {task.round_idx} of client {task.client_id}."
-            )
-        if not trainer.reply.rejected and trainer.state_written and (trainer.client_state or store.versions()):
-            store.save(task.round_idx, trainer.client_state)
-        return trainer.reply
+        job = self._worker.run(_Job(task, read(task.committed_round)))
+        assert job.reply is not None
+        if task.client_id not in job.reply.rejected and job.state_written and (job.client_state or store.versions()):
+            store.save(task.round_idx, job.client_state)
+        return job.reply
 
     def handle_bytes(self, data: bytes) -> bytes:
         """:meth:`handle` on the wire: a task's bytes in, the reply's bytes out."""
-        return encode(self.handle(decode(data, RoundTask)))
+        return encode(self.handle(decode(data, ClientTask)))
+
+    def close(self) -> None:
+        """Ends the warm site (its module, data and trainer are released); the next task builds them again."""
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+
+    def __del__(self) -> None:
+        self.close()
 
 
 __all__ = ["ClientSite", "SiteBuilder", "SiteTrainer"]

@@ -3,7 +3,7 @@
 In simulation the per-client store lives in the run's checkpoint. In a deployment it never leaves the site (SCAFFOLD's
 ``c_i``, FedCurv's ``u_i, v_i, w_i``, a kept optimizer state): the site writes the state each round leaves behind as a
 new version, and the version becomes part of the run only once the server folded the round's reply and wrote its
-checkpoint of the round. Every :class:`~lightning_fed.deploy.wire.RoundTask` names the client's newest such round; a
+checkpoint of the round. Every :class:`~lightning_fed.deploy.wire.ClientTask` names the client's newest such round; a
 site that sees it
 
 * keeps the newest version at or before it (the client's state as the checkpoint knows it),

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
 
-from lightning_fed.deploy.wire import RoundTask, SiteReply, decode, encode
+from lightning_fed.deploy.wire import decode, encode
+from lightning_fed.messages import ClientReply, ClientTask
 
 if TYPE_CHECKING:
     from lightning_fed.deploy.site import ClientSite
@@ -26,11 +27,11 @@ class RoundReplies:
     Attributes:
         replies: The replies that arrived in time, by client id (a missing client dropped out of the round).
         secure_sum: Under secure aggregation, the sum over ``replies`` of their
-            :attr:`~lightning_fed.deploy.wire.SiteReply.secure_sums` (the only form in which the server sees them);
+            :attr:`~lightning_fed.deploy.wire.ClientReply.secure_sums` (the only form in which the server sees them);
             ``None`` otherwise, or when no reply arrived.
     """
 
-    replies: dict[int, SiteReply]
+    replies: dict[int, ClientReply]
     secure_sum: list[Tensor] | None = None
 
 
@@ -44,7 +45,7 @@ class Transport(Protocol):
 
     secure_range: float | None
 
-    def exchange(self, tasks: list[RoundTask]) -> RoundReplies:
+    def exchange(self, tasks: list[ClientTask]) -> RoundReplies:
         """Sends every task and returns the replies that arrived in time."""
         ...
 
@@ -66,8 +67,8 @@ class LoopbackTransport:
         self.bytes_sent = 0
         self.bytes_received = 0
 
-    def exchange(self, tasks: list[RoundTask]) -> RoundReplies:
-        replies: dict[int, SiteReply] = {}
+    def exchange(self, tasks: list[ClientTask]) -> RoundReplies:
+        replies: dict[int, ClientReply] = {}
         for task in tasks:
             site = self.sites.get(task.client_id)
             if site is None:
@@ -76,7 +77,7 @@ class LoopbackTransport:
             answer = site.handle_bytes(data)
             self.bytes_sent += len(data)
             self.bytes_received += len(answer)
-            replies[task.client_id] = decode(answer, SiteReply)
+            replies[task.client_id] = decode(answer, ClientReply)
         secure_sum: list[Tensor] | None = None
         for reply in replies.values():
             if reply.secure_sums:

@@ -1,13 +1,16 @@
-"""The client half of a round: what a client site does with the round it is given.
+"""The client half of a round: a :class:`~lightning_fed.messages.ClientTask` in, a
+:class:`~lightning_fed.messages.ClientReply` out.
 
-A client site receives the round (its index, the sampled clients, the global model) and the algorithms' broadcast
-state, trains each of its clients from its start point, checks the update, runs the per-client hooks and folds each
-accepted update into the aggregator's declared round state. What it hands back, its :class:`ClientShare`, is the
-contribution the server half combines: the declared round state of the aggregator and the callbacks (sums, merges,
-the last client's integer buffers), the client-store entries it wrote, and the clients' metrics, steps and bytes.
+A client half receives the round (its index, the sampled clients, the global model) and, when it runs apart from
+the server half, the algorithms' broadcast state; it trains each of its task's clients from its start point, checks
+the update, runs the per-client hooks and folds each accepted update into the algorithms' declared round state.
+Its reply is the contribution the server half folds in: the clients' metrics, rejections, steps and bytes, and
+(apart from the server half) the declared round state of the aggregator and the callbacks (sums, merges, the last
+client's integer buffers).
 
 In one process the round state and the store entries stay in the shared objects; with several processes every rank
-runs this half on its share of the clients, and the server half combines the shares with collectives.
+runs this half on its share of the clients, and the server half combines the replies with collectives; at a
+deployment's site the round state travels in the reply and the store entries stay at the site.
 """
 
 from __future__ import annotations
@@ -20,19 +23,27 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_fed.aggregation import Aggregator
-from lightning_fed.context import ClientContext, ClientShare, ClientUpdate, RoundContext
+from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
+from lightning_fed.engine.algorithm_state import load_broadcast, round_state
 from lightning_fed.engine.batched.training import ClientGroups
 from lightning_fed.engine.client_optimizer import client_optimizer
 from lightning_fed.engine.dispatch import HookDispatcher
 from lightning_fed.engine.failures import failure_note, raise_if_batch_of_one
 from lightning_fed.engine.local_training import LocalTrainer, RoundSchedulers
 from lightning_fed.engine.rejection import finite_tree, reject_client
-from lightning_fed.engine.seeding import derive_seed, seed_torch
+from lightning_fed.engine.schedulers import restore_schedulers
 from lightning_fed.engine.step_counter import StepCounter
 from lightning_fed.functional.state_dict import StateDict, all_finite, clone_state, copy_state_, state_nbytes
+from lightning_fed.messages import ClientReply, ClientTask
+from lightning_fed.utilities.seeding import derive_seed, seed_torch
 
 if TYPE_CHECKING:
+    from lightning_fed.engine.evaluator import RoundEvaluator
     from lightning_fed.hooks import FederatedTrainerView
+
+#: Opens a round on this process's algorithm objects (``on_round_start``, the aggregator's reset) with clients
+#: already sampled: the server half's :meth:`~lightning_fed.engine.server_half.ServerHalf.start_round`.
+RoundOpener = Callable[[int, list[int], dict[int, int]], RoundContext]
 
 #: Asked at every client boundary with whether this share has clients left; answers whether to stop the round and
 #: whether any share has clients left (with several processes every rank asks the same number of times).
@@ -53,6 +64,9 @@ class ClientHalf:
         hooks: Calls the callbacks' federated hooks.
         boundary: Asked before each client (or batched group), and once more after the last, whether to stop the
             round (SIGTERM); ``None`` never stops.
+        open_round: Opens a round whose task carries the broadcast state (the client half runs apart from the
+            server half); the round runner gives its server half's.
+        evaluator: Evaluates an evaluation task's clients; the round runner gives its own.
     """
 
     def __init__(
@@ -63,6 +77,8 @@ class ClientHalf:
         steps: StepCounter,
         hooks: HookDispatcher,
         boundary: Boundary | None = None,
+        open_round: RoundOpener | None = None,
+        evaluator: RoundEvaluator | None = None,
     ) -> None:
         self.trainer = trainer
         self.module = module
@@ -77,9 +93,63 @@ class ClientHalf:
         # A probe costs a pass over the client's data: only aggregators that define one get a loader.
         self._aggregator_probes = is_overridden("probe_client", trainer.aggregator, Aggregator)
         self._reads_start_point = self._aggregator_probes or bool(hooks.overriding("on_client_train_start"))
+        self.open_round = open_round
+        self.evaluator = evaluator
 
-    def run(self, round_ctx: RoundContext, client_ids: list[int]) -> ClientShare:
-        """Trains ``client_ids`` (this share of ``round_ctx.client_ids``, in round order) and returns the share.
+    def run_task(self, task: ClientTask) -> ClientReply:
+        """Trains (or evaluates) the task's clients and returns the reply.
+
+        A task with broadcast state (the client half runs apart from the server half, at a deployment's site) first
+        puts this side where the server was when it opened the round: the run seed, the algorithms' broadcast
+        state, the LR schedulers, the global model; then opens the round (``on_round_start``, the aggregator's
+        reset) with the server's sampled clients; its reply carries the algorithms' round state. A task without
+        runs on the round the server half opened on the same objects, whose round state the reply leaves in place.
+        """
+        if task.opens_round:
+            self._take_server_state(task)
+        if task.evaluate:
+            return self._evaluate(task)
+        if task.opens_round:
+            assert self.open_round is not None, "a client half apart from the server half needs `open_round`"
+            round_ctx = self.open_round(task.round_idx, list(task.round_clients), dict(task.num_samples))
+        else:
+            # The server half's own round context stays the server half's: this half counts its clients' bytes and
+            # rejections in a context of its own and reports them in the reply.
+            round_ctx = RoundContext(
+                round_idx=task.round_idx,
+                client_ids=list(task.round_clients),
+                global_params=task.global_params,
+                num_samples=task.num_samples,
+                store=self.trainer.federation_state.store,
+            )
+        reply = self._train(round_ctx, list(task.client_ids))
+        if task.opens_round:
+            reply.round_state = round_state(self.trainer)
+        return reply
+
+    def _take_server_state(self, task: ClientTask) -> None:
+        assert task.broadcast is not None
+        trainer = self.trainer
+        trainer.federation_state.seed = task.seed
+        load_broadcast(trainer, task.broadcast)
+        if task.schedulers:
+            restore_schedulers(trainer, task.schedulers)
+        copy_state_(self.live, task.global_params)
+
+    def _evaluate(self, task: ClientTask) -> ClientReply:
+        assert self.evaluator is not None, "an evaluation task needs the round runner's evaluator"
+        results, personalised = self.evaluator.evaluate_share(task.round_idx, list(task.client_ids))
+        return ClientReply(
+            round_idx=task.round_idx,
+            client_ids=list(task.client_ids),
+            round_state={},
+            eval_metrics=results,
+            personalised=personalised,
+        )
+
+    def _train(self, round_ctx: RoundContext, client_ids: list[int]) -> ClientReply:
+        """Trains ``client_ids`` (a share of ``round_ctx.client_ids``, in round order) and returns the reply (its
+        round state in place).
 
         Each accepted update reaches ``aggregator.update`` as soon as its client is done (memory stays O(model);
         a batched group's reach ``aggregator.update_group`` together, in order, once the group is done), unless an
@@ -94,7 +164,7 @@ class ClientHalf:
         bytes_before = (round_ctx.bytes_up, round_ctx.bytes_down)
         rejected_before = len(round_ctx.rejected)
         self.steps.start_round()
-        share = ClientShare()
+        share = ClientReply(round_idx=round_ctx.round_idx, client_ids=client_ids)
         held: list[ClientUpdate] = []
         self.schedulers.open_round(round_ctx.round_idx)
         completed = False
@@ -120,7 +190,7 @@ class ClientHalf:
             # Every rank advances the schedules alike, whichever clients it trained (RoundSchedulers).
             self.schedulers.close_round(completed)
         self._release_held(round_ctx, held, share.train_metrics)
-        share.rejected = round_ctx.rejected[rejected_before:]
+        share.rejected = dict.fromkeys(round_ctx.rejected[rejected_before:], "it holds NaN or Inf")
         share.steps = self.steps.round_steps
         share.bytes_up = round_ctx.bytes_up - bytes_before[0]
         share.bytes_down = round_ctx.bytes_down - bytes_before[1]

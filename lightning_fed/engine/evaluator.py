@@ -12,9 +12,9 @@ from lightning_fed.context import ClientContext
 from lightning_fed.engine.evaluation import accuracy_key, client_statistics, evaluate
 from lightning_fed.engine.log_buffer import LogBuffer
 from lightning_fed.engine.rank_shares import gather_client_results, sync_store
-from lightning_fed.engine.schedule import is_due
 from lightning_fed.functional.state_dict import StateDict, clone_state, copy_state_
 from lightning_fed.parallel import distributed
+from lightning_fed.utilities.schedule import is_due
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView

@@ -1,4 +1,5 @@
-"""The round loop: Lightning's training-epoch loop with one federated round per epoch.
+"""The round loop: Lightning's training-epoch loop with one federated round per epoch; and the site loop, where a
+client half apart from the server (a deployment's site) answers tasks inside one Lightning fit.
 
 This is the only module that touches Lightning's private loop API (``_TrainingEpochLoop`` and its progress
 trackers). Lightning 2.x removed the public loop-customisation API; replacing ``trainer.fit_loop.epoch_loop`` keeps
@@ -22,7 +23,7 @@ from lightning.pytorch.loops.fetchers import _DataFetcher
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from typing_extensions import override
 
-from lightning_fed.engine.client_half import Boundary
+from lightning_fed.engine.client_half import Boundary, ClientHalf
 from lightning_fed.engine.round import RoundRunner
 from lightning_fed.engine.step_counter import StepCounter
 from lightning_fed.hooks import FederatedTrainerView
@@ -57,6 +58,22 @@ class RoundHost(FederatedTrainerView, Protocol):
     def build_round_runner(self, steps: StepCounter, boundary: Boundary) -> RoundRunner:
         """The runner of this fit's rounds, built once, after any restore, with the fit's step counter and the
         client-boundary check (SIGTERM)."""
+        ...
+
+
+class SiteHost(FederatedTrainerView, Protocol):
+    """What the site loop needs of its trainer: the fit's start, its client half, and the tasks to answer."""
+
+    def start_federation(self) -> None:
+        """Prepares the site's fit (its setup checks, the aggregator's setup)."""
+        ...
+
+    def build_round_runner(self, steps: StepCounter, boundary: Boundary) -> RoundRunner:
+        """The runner whose client half answers the site's tasks."""
+        ...
+
+    def serve(self, client: ClientHalf) -> None:
+        """Answers tasks with ``client`` (``ClientHalf.run_task``) until there are none left."""
         ...
 
 
@@ -105,7 +122,36 @@ class SigtermWatch:
         return bool(flags[0] > 0), bool(flags[1] > 0)
 
 
-class _RoundLoop(_TrainingEpochLoop):
+class _FederatedEpochLoop(_TrainingEpochLoop):
+    """What both loops keep of Lightning's epoch: ``global_step`` advanced by the clients' optimizer steps, and one
+    "batch" per epoch for Lightning's restart bookkeeping."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        super().__init__(trainer, min_steps=None, max_steps=-1)
+
+    def _count_step(self, steps: int) -> None:
+        # Lightning's `global_step` reads the manual loop's progress under manual optimisation.
+        if self.trainer.lightning_module.automatic_optimization:
+            step = self.automatic_optimization.optim_progress.optimizer.step
+        else:
+            step = self.manual_optimization.optim_step_progress
+        for _ in range(steps):
+            step.increment_ready()
+            step.increment_completed()
+        self._batches_that_stepped += steps
+
+    def _mark_epoch_finished(self) -> None:
+        # One "batch" per round keeps Lightning's restart bookkeeping consistent, and `is_last_batch` lets the fit
+        # loop step epoch-interval LR schedulers.
+        progress = self.batch_progress
+        progress.increment_ready()
+        progress.increment_started()
+        progress.increment_processed()
+        progress.increment_completed()
+        progress.is_last_batch = True
+
+
+class _RoundLoop(_FederatedEpochLoop):
     """Runs one federated round where Lightning would run one training epoch.
 
     The loop owns the fit's :class:`~lightning_fed.engine.round.RoundRunner`: it builds it before its first round in
@@ -113,7 +159,7 @@ class _RoundLoop(_TrainingEpochLoop):
     """
 
     def __init__(self, trainer: Trainer) -> None:
-        super().__init__(trainer, min_steps=None, max_steps=-1)
+        super().__init__(trainer)
         self.runner: RoundRunner | None = None
         self.sigterm = SigtermWatch()
 
@@ -140,27 +186,6 @@ class _RoundLoop(_TrainingEpochLoop):
             self._validate()
             trainer.finish_round(result)
 
-    def _count_step(self, steps: int) -> None:
-        # Lightning's `global_step` reads the manual loop's progress under manual optimisation.
-        if self.trainer.lightning_module.automatic_optimization:
-            step = self.automatic_optimization.optim_progress.optimizer.step
-        else:
-            step = self.manual_optimization.optim_step_progress
-        for _ in range(steps):
-            step.increment_ready()
-            step.increment_completed()
-        self._batches_that_stepped += steps
-
-    def _mark_epoch_finished(self) -> None:
-        # One "batch" per round keeps Lightning's restart bookkeeping consistent, and `is_last_batch` lets the fit
-        # loop step epoch-interval LR schedulers.
-        progress = self.batch_progress
-        progress.increment_ready()
-        progress.increment_started()
-        progress.increment_processed()
-        progress.increment_completed()
-        progress.is_last_batch = True
-
     def _validate(self) -> None:
         trainer = self.trainer
         if not self._should_check_val_epoch():
@@ -184,6 +209,28 @@ class _RoundLoop(_TrainingEpochLoop):
             trainer.restore_federated_checkpoint(state_dict["federated"])
 
 
+class _SiteLoop(_FederatedEpochLoop):
+    """The one epoch of a site's fit: its client half answers the site's tasks (``SiteHost.serve``) until there are
+    none left. No round result, no validation, no checkpoint: the server does those."""
+
+    @override
+    def run(self, data_fetcher: _DataFetcher) -> None:
+        host: SiteHost = self.trainer  # type: ignore[assignment]
+        host.start_federation()
+        runner = host.build_round_runner(StepCounter(self._count_step), _never_stop)
+        host.serve(runner.client)
+        self._mark_epoch_finished()
+
+
+def _never_stop(more: bool) -> tuple[bool, bool]:
+    return False, more
+
+
 def install_round_loop(trainer: Trainer) -> None:
     """Replaces the trainer's training-epoch loop with the round loop."""
     trainer.fit_loop.epoch_loop = _RoundLoop(trainer)
+
+
+def install_site_loop(trainer: Trainer) -> None:
+    """Replaces the trainer's training-epoch loop with the site loop (its trainer is a :class:`SiteHost`)."""
+    trainer.fit_loop.epoch_loop = _SiteLoop(trainer)

@@ -1,4 +1,4 @@
-"""Combining what each rank's share of a round produced, so that every rank leaves the round in the same state.
+"""Combining what each rank's replies of a round brought, so that every rank leaves the round in the same state.
 
 With one process every function here returns its input unchanged and costs nothing.
 """
@@ -6,43 +6,45 @@ With one process every function here returns its input unchanged and costs nothi
 from __future__ import annotations
 
 from lightning_fed.client_store import ClientStateStore
-from lightning_fed.context import ClientShare, RoundContext
+from lightning_fed.context import RoundContext
 from lightning_fed.parallel import distributed
 
 
-def combine_shares(
-    round_ctx: RoundContext, bytes_before: tuple[int, int], share: ClientShare
+def combine_replies(
+    round_ctx: RoundContext, bytes_before: tuple[int, int], train_metrics: dict[int, dict[str, float]], steps: int
 ) -> tuple[list[dict[str, float]], int]:
-    """Merges the ranks' client shares: metrics, rejections, bytes and optimizer steps.
+    """Merges what the ranks folded from their replies: metrics, rejections, bytes and optimizer steps.
 
     Bytes counted before training (by ``on_round_start``, alike on every rank) are counted once; every rank's
-    share of bytes is added to them. ``round_ctx.rejected`` and the ``bytes_*`` counters are updated in place.
+    bytes since are added to them. ``round_ctx.rejected`` and the ``bytes_*`` counters are updated in place.
 
     Args:
-        round_ctx: The round; on return it holds every rank's rejections (in round order) and bytes.
+        round_ctx: The round, this rank's replies folded in; on return it holds every rank's rejections (in round
+            order) and bytes.
         bytes_before: ``(bytes_up, bytes_down)`` of the round before any client trained.
-        share: What this rank's client half produced.
+        train_metrics: This rank's accepted clients' training metrics, by client.
+        steps: The optimizer steps of this rank's replies.
 
     Returns:
         Every accepted client's training metrics in round order, and the optimizer steps the *other* ranks took
         (to advance ``global_step`` as one process would).
     """
+    position = {cid: i for i, cid in enumerate(round_ctx.client_ids)}
+    if not distributed.is_distributed():
+        return [train_metrics[cid] for cid in sorted(train_metrics, key=position.__getitem__)], 0
     summary = {
-        "metrics": share.train_metrics,
-        "rejected": list(share.rejected),
-        "bytes": (share.bytes_up, share.bytes_down),
-        "steps": share.steps,
+        "metrics": train_metrics,
+        "rejected": list(round_ctx.rejected),
+        "bytes": (round_ctx.bytes_up - bytes_before[0], round_ctx.bytes_down - bytes_before[1]),
+        "steps": steps,
     }
     shares = distributed.all_gather_object(summary)
-    if len(shares) == 1:
-        return list(share.train_metrics.values()), 0
-    position = {cid: i for i, cid in enumerate(round_ctx.client_ids)}
     merged = {cid: m for other in shares for cid, m in other["metrics"].items()}
     rejected = {cid for other in shares for cid in other["rejected"]}
     round_ctx.rejected[:] = sorted(rejected, key=position.__getitem__)
     round_ctx.bytes_up = bytes_before[0] + sum(other["bytes"][0] for other in shares)
     round_ctx.bytes_down = bytes_before[1] + sum(other["bytes"][1] for other in shares)
-    other_steps = sum(other["steps"] for other in shares) - share.steps
+    other_steps = sum(other["steps"] for other in shares) - steps
     return [merged[cid] for cid in sorted(merged, key=position.__getitem__)], other_steps
 
 
@@ -68,4 +70,4 @@ def gather_client_results(
     return {cid: merged[cid] for cid in client_ids if cid in merged}, any(flag for _, flag in shares)
 
 
-__all__ = ["combine_shares", "gather_client_results", "sync_store"]
+__all__ = ["combine_replies", "gather_client_results", "sync_store"]

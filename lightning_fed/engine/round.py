@@ -1,13 +1,12 @@
-"""One federated round, composed of its two halves.
+"""One federated round, composed of its two halves, which meet through one message each way.
 
 :class:`~lightning_fed.engine.server_half.ServerHalf` opens the round (samples the clients, runs ``on_round_start``,
-resets the aggregator); :class:`~lightning_fed.engine.client_half.ClientHalf` trains this process's share of the
-clients and folds their updates into the declared round state; the server half closes the round (combines the shares,
-reduces, computes the aggregate, runs ``on_aggregate``, evaluates). The two halves meet only through the
-:class:`~lightning_fed.context.RoundContext` (round, clients, global model), the algorithms' declared state
-(:class:`~lightning_fed.parallel.reduction.CrossProcessState`) and the :class:`~lightning_fed.engine.client_half.
-ClientShare`; the in-process path, several processes (each rank a client site with a share of the clients) and
-batched groups all compose the same two halves.
+resets the aggregator) and hands this process's share of the clients out as a
+:class:`~lightning_fed.messages.ClientTask`; the client side answers with :class:`~lightning_fed.messages.ClientReply`
+s (:class:`~lightning_fed.engine.client_half.ClientHalf` here, trained in this process, or a deployment's sites);
+the server half folds them in and closes the round (reduces, computes the aggregate, runs ``on_aggregate``,
+evaluates). The in-process path, several processes (each rank a client site with a share of the clients), batched
+groups and a deployment all compose the same two halves around the same two messages.
 """
 
 from __future__ import annotations
@@ -18,30 +17,45 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from lightning.pytorch import LightningModule
 
-from lightning_fed.context import ClientContext, ClientShare, FederationState, RoundContext, RoundResult
+from lightning_fed.context import ClientContext, FederationState, RoundResult
 from lightning_fed.engine.batched.training import ClientGroups
 from lightning_fed.engine.client_half import Boundary, ClientHalf
 from lightning_fed.engine.dispatch import HookDispatcher
 from lightning_fed.engine.evaluator import ClientEvaluation, RoundEvaluator
 from lightning_fed.engine.local_training import LocalTrainer
-from lightning_fed.engine.seeding import derive_seed, seed_torch
 from lightning_fed.engine.server_half import ServerHalf
 from lightning_fed.engine.step_counter import StepCounter
 from lightning_fed.functional.state_dict import StateDict, clone_state, copy_state_
+from lightning_fed.messages import ClientReply, ClientTask
 from lightning_fed.parallel import distributed
+from lightning_fed.utilities.seeding import derive_seed, seed_torch
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView
 
 
 class ClientSide(Protocol):
-    """Where a round's clients train: :class:`~lightning_fed.engine.client_half.ClientHalf` in this process, or
-    client sites elsewhere (:class:`lightning_fed.deploy.RemoteClients`), which fold what the sites return into the
-    server's declared round state so that the server half closes the round as if the clients had trained here."""
+    """Where a round's clients train: this process's :class:`~lightning_fed.engine.client_half.ClientHalf`
+    (:class:`LocalClients`), or client sites elsewhere (:class:`lightning_fed.deploy.RemoteClients`), whose replies
+    carry their round state for the server half to fold in."""
 
-    def run(self, round_ctx: RoundContext, client_ids: list[int]) -> ClientShare:
-        """Trains ``client_ids`` of ``round_ctx`` and returns their share (see ``ClientHalf.run``)."""
+    def answer(self, task: ClientTask) -> list[ClientReply]:
+        """The replies to ``task``, in round order (one per client half that trained part of it)."""
         ...
+
+
+class LocalClients:
+    """The client side of a round whose clients train in this process: its client half runs the task.
+
+    Args:
+        client: This process's client half.
+    """
+
+    def __init__(self, client: ClientHalf) -> None:
+        self.client = client
+
+    def answer(self, task: ClientTask) -> list[ClientReply]:
+        return [self.client.run_task(task)]
 
 
 #: Builds the client side of a fit's rounds from the trainer, its module, the step counter and the hook dispatcher.
@@ -81,8 +95,10 @@ class RoundRunner:
         self.client = ClientHalf(trainer, module, self.live, steps, self.hooks, boundary)
         evaluator = RoundEvaluator(trainer, module, self.live, self.client.local.buffer, self.hooks.call)
         self.server = ServerHalf(trainer, module, self.live, steps, self.hooks, evaluator)
+        # A client half apart from a server (a deployment's site) opens its rounds and evaluates as this one would.
+        self.client.open_round, self.client.evaluator = self.server.start_round, evaluator
         self.clients: ClientSide = (
-            self.client if client_side is None else client_side(trainer, module, steps, self.hooks)
+            LocalClients(self.client) if client_side is None else client_side(trainer, module, steps, self.hooks)
         )
         if isinstance(self.clients, ClientEvaluation):
             # Clients trained elsewhere are evaluated there too: their test splits stay with them.
@@ -116,8 +132,9 @@ class RoundRunner:
         started = time.perf_counter()
         round_ctx = self.server.open_round(round_idx)
         shares = distributed.shard_clients(round_ctx.client_ids, round_ctx.num_samples, distributed.world_size())
-        share = self.clients.run(round_ctx, shares[distributed.rank()])
-        return self.server.close_round(round_ctx, share, started)
+        replies = self.clients.answer(self.server.task(round_ctx, shares[distributed.rank()]))
+        self.server.fold(round_ctx, replies)
+        return self.server.close_round(round_ctx, started)
 
     def train_locally(
         self,
@@ -153,4 +170,4 @@ class RoundRunner:
             self.module.train(was_training)
 
 
-__all__ = ["ClientSide", "ClientSideFactory", "RoundRunner"]
+__all__ = ["ClientSide", "ClientSideFactory", "LocalClients", "RoundRunner"]

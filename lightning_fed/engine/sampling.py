@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from lightning_fed.checks import InvalidArgumentError, check_int, check_real
-from lightning_fed.engine.seeding import derive_seed
+from lightning_fed.utilities.seeding import derive_seed
 
 _CLIENTS_PER_ROUND = "an integer count >= 1 or a fraction in (0, 1] of the registered clients"
 

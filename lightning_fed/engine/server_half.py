@@ -1,24 +1,29 @@
-"""The server half of a round: open it (sample, hooks, aggregator reset) and close it (combine what the client
-half produced, reduce the declared round state, aggregate, evaluate, report the round's metrics).
+"""The server half of a round: open it (sample, hooks, aggregator reset), hand its clients out as
+:class:`~lightning_fed.messages.ClientTask` s, fold the :class:`~lightning_fed.messages.ClientReply` s in, and close
+it (reduce the declared round state, aggregate, evaluate, report the round's metrics).
 
 Every step here runs alike on every rank (with several processes each rank holds the server's state), so what the
-server half computes and stores needs no exchange; only the client shares are combined, by
-:func:`~lightning_fed.engine.rank_shares.combine_shares` and :func:`~lightning_fed.engine.rank_shares.sync_store`.
+server half computes and stores needs no exchange; only the replies are combined, by
+:func:`~lightning_fed.engine.rank_shares.combine_replies` and :func:`~lightning_fed.engine.rank_shares.sync_store`.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from lightning.pytorch import LightningModule
 
-from lightning_fed.context import ClientShare, RoundContext, RoundResult
+from lightning_fed.context import RoundContext, RoundResult
+from lightning_fed.engine.algorithm_state import algorithm_objects
 from lightning_fed.engine.dispatch import HookDispatcher
 from lightning_fed.engine.evaluator import RoundEvaluator
-from lightning_fed.engine.rank_shares import combine_shares, sync_store
+from lightning_fed.engine.rank_shares import combine_replies, sync_store
+from lightning_fed.engine.rejection import reject_client
 from lightning_fed.engine.step_counter import StepCounter
 from lightning_fed.functional.state_dict import StateDict, clone_state, copy_state_
+from lightning_fed.messages import ClientReply, ClientTask
 from lightning_fed.parallel.reduction import CrossProcessState
 
 if TYPE_CHECKING:
@@ -30,6 +35,15 @@ def trainable_parameter_names(module: LightningModule) -> frozenset[str]:
     return frozenset(name for name, p in module.named_parameters(remove_duplicate=False) if p.requires_grad)
 
 
+@dataclass
+class _Folded:
+    """What the replies of the open round brought, besides the round state: every accepted client's training
+    metrics in round order, and the clients that never answered (``None``: no reply could go missing)."""
+
+    train_metrics: list[dict[str, float]] = field(default_factory=list)
+    dropped: list[int] | None = None
+
+
 class ServerHalf:
     """Opens and closes the rounds of a fit on the trainer's module, which holds the global model between rounds.
 
@@ -37,7 +51,7 @@ class ServerHalf:
         trainer: The federated trainer (sampler, aggregator, callbacks, federation state).
         module: The user's LightningModule.
         live: The module's live state (``state_dict(keep_vars=True)``), loaded with the aggregate at the end.
-        steps: The fit's step counter (advanced by the other ranks' steps once shares are combined).
+        steps: The fit's step counter (advanced by the other ranks' steps once the replies are combined).
         hooks: Calls the callbacks' federated hooks.
         evaluator: The round's evaluation phase.
     """
@@ -58,6 +72,7 @@ class ServerHalf:
         self.hooks = hooks
         self.evaluator = evaluator
         self._bytes_before_clients = (0, 0)
+        self._folded = _Folded()
 
     def open_round(self, round_idx: int) -> RoundContext:
         """Samples the round's clients, runs ``on_round_start`` and resets the aggregator.
@@ -82,6 +97,8 @@ class ServerHalf:
         """
         trainer = self.trainer
         state = trainer.federation_state
+        self.steps.start_round()
+        self._folded = _Folded()
         global_params = clone_state(self.live)
         round_ctx = RoundContext(
             round_idx=round_idx,
@@ -95,22 +112,74 @@ class ServerHalf:
         # Every rank ran on_round_start alike: what it stored needs no exchange.
         state.store.take_changes()
         trainer.aggregator.reset(global_params, round_ctx)
-        # Bytes counted so far (by on_round_start, alike on every rank) are counted once when shares are combined.
+        # Bytes counted so far (by on_round_start, alike on every rank) are counted once when the replies are combined.
         self._bytes_before_clients = (round_ctx.bytes_up, round_ctx.bytes_down)
         return round_ctx
 
-    def close_round(self, round_ctx: RoundContext, share: ClientShare, started: float) -> RoundResult:
-        """Combines the client shares, aggregates, runs ``on_aggregate``, loads the new global model, evaluates it.
+    def task(self, round_ctx: RoundContext, client_ids: list[int]) -> ClientTask:
+        """The task of a client half that runs beside this server half, on the same algorithm objects: train
+        ``client_ids`` (a share of the round, in round order) in the round :meth:`open_round` opened."""
+        return ClientTask(
+            round_idx=round_ctx.round_idx,
+            client_ids=list(client_ids),
+            round_clients=round_ctx.client_ids,
+            num_samples=round_ctx.num_samples,
+            seed=self.trainer.federation_state.seed,
+            global_params=round_ctx.global_params,
+        )
+
+    def fold(self, round_ctx: RoundContext, replies: list[ClientReply]) -> None:
+        """Takes the round's replies in, in round order: their clients' metrics, rejections, bytes and steps, and
+        the round state of each reply that carries it (a client half apart from this one: a deployment's site), so
+        that :meth:`close_round` closes the round as if every client had trained beside it.
+
+        Every rank folds its own replies, then the ranks' are combined (a collective: every rank calls this once per
+        round). A reply whose round state is in place (``None``) was produced on this process's objects: its
+        clients' rejections were announced and its steps counted where they happened.
+        """
+        trainer, folded = self.trainer, self._folded
+        metrics: dict[int, dict[str, float]] = {}
+        objects = algorithm_objects(trainer)
+        for reply in replies:
+            in_place = reply.round_state is None
+            if not in_place and folded.dropped is None:
+                folded.dropped = []  # replies from elsewhere: a client may fail to answer
+            for client_id in reply.dropped:
+                round_ctx.rejected.append(client_id)
+                assert folded.dropped is not None
+                folded.dropped.append(client_id)
+                trainer.print(
+                    f"[lightning_fed] Client {client_id} did not reply in round {round_ctx.round_idx}: it was left"
+                    " out of the aggregate."
+                )
+            for client_id, because in reply.rejected.items():
+                if in_place:
+                    round_ctx.rejected.append(client_id)
+                else:
+                    reject_client(trainer, round_ctx, client_id, because or "its site rejected it")
+            answered = [cid for cid in reply.client_ids if cid not in reply.rejected and cid not in reply.dropped]
+            if reply.round_state and (answered or not reply.client_ids):
+                for key, obj in objects.items():
+                    # Under secure aggregation a site's reply holds what is not a sum; the sums come as one total.
+                    obj.absorb_round_state(reply.round_state[key], partial=reply.partial)
+            if not in_place:
+                self.steps.add(reply.steps)
+            metrics.update(reply.train_metrics)
+            round_ctx.bytes_up += reply.bytes_up
+            round_ctx.bytes_down += reply.bytes_down
+        own_steps = sum(reply.steps for reply in replies)
+        folded.train_metrics, other_steps = combine_replies(round_ctx, self._bytes_before_clients, metrics, own_steps)
+        # global_step counts every optimizer step of the round, as in one process, on every rank.
+        self.steps.add_other_ranks(other_steps)
+
+    def close_round(self, round_ctx: RoundContext, started: float) -> RoundResult:
+        """Aggregates the folded round, runs ``on_aggregate``, loads the new global model, evaluates it.
 
         Args:
-            round_ctx: The round :meth:`open_round` opened.
-            share: What this process's client half produced.
+            round_ctx: The round :meth:`open_round` opened, its replies folded (:meth:`fold`).
             started: ``time.perf_counter()`` when the round opened (the round's wall time is reported).
         """
         trainer, store = self.trainer, self.trainer.federation_state.store
-        ordered_metrics, other_steps = combine_shares(round_ctx, self._bytes_before_clients, share)
-        # global_step counts every optimizer step of the round, as in one process, on every rank.
-        self.steps.add_other_ranks(other_steps)
         sync_store(store)
         new_params = trainer.aggregator.compute(round_ctx.global_params)
         # Callbacks' declared round state covers every rank's clients before on_aggregate reads it (the base's duty,
@@ -122,9 +191,9 @@ class ServerHalf:
         # on_aggregate runs alike on every rank too: its store writes need no exchange either.
         store.take_changes()
         copy_state_(self.live, new_params)
-        metrics = self._round_metrics(round_ctx, ordered_metrics)
-        if share.dropped is not None:
-            metrics["clients/dropped"] = float(len(share.dropped))
+        metrics = self._round_metrics(round_ctx, self._folded.train_metrics)
+        if self._folded.dropped is not None:
+            metrics["clients/dropped"] = float(len(self._folded.dropped))
         # The aggregator's own measurements of the round (q-FedAvg's mean loss at the global model).
         metrics.update(trainer.aggregator.round_metrics())
         eval_metrics, client_results, client_prefix = self.evaluator.run(round_ctx.round_idx, round_ctx.client_ids)

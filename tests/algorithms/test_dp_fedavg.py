@@ -14,7 +14,7 @@ from lightning_fed.aggregators.privacy_accounting import client_level_epsilon
 from lightning_fed.callbacks import FedCurv
 from lightning_fed.checks import InvalidArgumentError
 from lightning_fed.context import ClientUpdate, RoundContext
-from lightning_fed.engine.seeding import derive_seed
+from lightning_fed.utilities.seeding import derive_seed
 
 SEED = 11
 PARAMS = ("w", "b")

@@ -6,7 +6,7 @@ from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_
 from lightning_fed.callbacks import FedProx, FineTune
 from lightning_fed.engine.evaluation import evaluate
 from lightning_fed.engine.log_buffer import LogBuffer
-from lightning_fed.engine.seeding import derive_seed
+from lightning_fed.utilities.seeding import derive_seed
 
 SEED = 4
 

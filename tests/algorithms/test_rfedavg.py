@@ -8,7 +8,6 @@ from helpers.resume import assert_resume_bit_identical
 
 from lightning_fed import FedCallback
 from lightning_fed.callbacks import RFedAvg
-from lightning_fed.engine.seeding import derive_seed
 from lightning_fed.functional.mmd import (
     clip_rows,
     delta_bytes,
@@ -19,6 +18,7 @@ from lightning_fed.functional.mmd import (
 )
 from lightning_fed.functional.state_dict import state_nbytes
 from lightning_fed.models import MNIST1DCNN, ClassifierModule
+from lightning_fed.utilities.seeding import derive_seed
 
 SEED = 3
 LAYER = "net.1"  # BoringClassifier(batch_norm=False): net.0 Linear, net.1 ReLU, net.2 Dropout, net.3 Linear

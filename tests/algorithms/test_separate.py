@@ -6,7 +6,7 @@ from lightning_fed.callbacks import Separate
 from lightning_fed.datamodules import DatasetFederated, IidPartitioner
 from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset
 from lightning_fed.engine.log_buffer import LogBuffer, buffered_logging
-from lightning_fed.engine.seeding import derive_seed
+from lightning_fed.utilities.seeding import derive_seed
 
 NUM_CLIENTS = 3
 

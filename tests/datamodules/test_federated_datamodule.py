@@ -372,12 +372,6 @@ def test_incomplete_subclasses_cannot_be_instantiated():
         NoReader(IidPartitioner(2))
 
 
-def test_dataset_federated_is_still_importable_from_base():
-    from lightning_fed.datamodules.base import DatasetFederated as FromBase
-
-    assert FromBase is DatasetFederated
-
-
 def test_validation_mode_evaluates_held_out_training_data_and_never_the_test_data():
     as_test = _datamodule(val_fraction=0.1, client_test_fraction=0.25)
     tuning = _datamodule(val_fraction=0.1, client_test_fraction=0.25, evaluation_split="validation")

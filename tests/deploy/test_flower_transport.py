@@ -22,7 +22,8 @@ from lightning_fed.deploy.flower import (  # noqa: E402
     round_timeout,
     state_dir_of,
 )
-from lightning_fed.deploy.wire import RoundTask, SiteReply, decode, encode  # noqa: E402
+from lightning_fed.deploy.wire import decode, encode  # noqa: E402
+from lightning_fed.messages import ClientReply, ClientTask  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -57,22 +58,26 @@ class FakeGrid:
                     Message(RecordDict({"lightning_fed": ConfigRecord({"client-id": client_id})}), reply_to=message)
                 )
                 continue
-            task = decode(message.content["lightning_fed"]["task"], RoundTask)
+            task = decode(message.content["lightning_fed"]["task"], ClientTask)
             assert task.client_id == client_id
             if client_id in self.silent:
                 continue
             if client_id < 0:
                 replies.append(Message(Error(code=0, reason="boom"), reply_to=message))
                 continue
-            reply = SiteReply(task.round_idx, client_id, {"aggregator": {"n": torch.tensor([1.0])}}, {}, False, 3, 0, 0)
+            reply = ClientReply(
+                task.round_idx, [client_id], {"aggregator": {"n": torch.tensor([1.0])}}, train_metrics={}, steps=3
+            )
             replies.append(
                 Message(RecordDict({"lightning_fed": ConfigRecord({"reply": encode(reply)})}), reply_to=message)
             )
         return replies
 
 
-def _task(client_id: int, round_idx: int = 0) -> RoundTask:
-    return RoundTask(round_idx, client_id, [0, 1, 2], {0: 1, 1: 1, 2: 1}, 0, {"w": torch.zeros(2)})
+def _task(client_id: int, round_idx: int = 0) -> ClientTask:
+    return ClientTask(
+        round_idx, [client_id], [0, 1, 2], {0: 1, 1: 1, 2: 1}, 0, {"w": torch.zeros(2)}, broadcast={"aggregator": {}}
+    )
 
 
 def test_clients_are_found_once_and_a_missing_reply_drops_its_client():

@@ -12,10 +12,11 @@ from helpers.boring import BoringClassifier, PoisonClient, fast_trainer, make_da
 
 from lightning_fed.aggregators import FedAvg, QFedAvg
 from lightning_fed.callbacks import APFL, FedCurv, FedProx, Scaffold
-from lightning_fed.deploy import ClientSite, LoopbackTransport, RemoteClients, RoundTask, SiteTrainer, serve
+from lightning_fed.deploy import ClientSite, LoopbackTransport, RemoteClients, SiteTrainer, serve
 from lightning_fed.deploy.remote import FOLDED
 from lightning_fed.deploy.site_store import SiteStateStore
 from lightning_fed.deploy.transport import RoundReplies
+from lightning_fed.messages import ClientTask
 
 NUM_CLIENTS = 4
 
@@ -117,10 +118,10 @@ class _RecordingTransport(LoopbackTransport):
 
     def __init__(self, sites: dict[int, ClientSite], secure_range: float | None = None) -> None:
         super().__init__(sites, secure_range)
-        self.tasks: list[RoundTask] = []
+        self.tasks: list[ClientTask] = []
         self.replies: list[Any] = []
 
-    def exchange(self, tasks: list[RoundTask]) -> RoundReplies:
+    def exchange(self, tasks: list[ClientTask]) -> RoundReplies:
         self.tasks += tasks
         received = super().exchange(tasks)
         self.replies += list(received.replies.values())
@@ -240,7 +241,7 @@ def test_an_algorithm_whose_server_reads_the_client_store_is_refused_before_any_
     contacted: list[int] = []
 
     class _Counting(LoopbackTransport):
-        def exchange(self, tasks: list[RoundTask]) -> RoundReplies:
+        def exchange(self, tasks: list[ClientTask]) -> RoundReplies:
             contacted.extend(task.client_id for task in tasks)
             return super().exchange(tasks)
 

@@ -12,9 +12,10 @@ from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
 
 from lightning_fed.aggregators import FedAvg
 from lightning_fed.callbacks import FedCurv, Scaffold
-from lightning_fed.deploy import ClientSite, LoopbackTransport, RoundTask, SiteTrainer, serve
+from lightning_fed.deploy import ClientSite, LoopbackTransport, SiteTrainer, serve
 from lightning_fed.deploy.site_store import SiteStateStore
 from lightning_fed.deploy.transport import RoundReplies
+from lightning_fed.messages import ClientTask
 
 NUM_CLIENTS = 4
 ROUNDS = 4
@@ -29,7 +30,7 @@ class _CrashingTransport(LoopbackTransport):
         super().__init__(sites)
         self.crash_round = crash_round
 
-    def exchange(self, tasks: list[RoundTask]) -> RoundReplies:
+    def exchange(self, tasks: list[ClientTask]) -> RoundReplies:
         replies = super().exchange(tasks)
         if tasks and tasks[0].round_idx == self.crash_round:
             raise _ServerCrash

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from lightning_fed.deploy import ClientSite, LoopbackTransport, RoundReplies, RoundTask
+from lightning_fed.deploy import ClientSite, LoopbackTransport, RoundReplies
 from lightning_fed.deploy.site_store import SiteStateStore
+from lightning_fed.messages import ClientTask
 
 
 class DroppingTransport(LoopbackTransport):
@@ -24,11 +25,11 @@ class DroppingTransport(LoopbackTransport):
         self.client_id = client_id
         self.round_idx = round_idx
         #: Every task sent, in order.
-        self.tasks: list[RoundTask] = []
+        self.tasks: list[ClientTask] = []
         #: The dropped client's state versions at its site right after the round its reply was lost in.
         self.versions_after_drop: list[int] = []
 
-    def exchange(self, tasks: list[RoundTask]) -> RoundReplies:
+    def exchange(self, tasks: list[ClientTask]) -> RoundReplies:
         self.tasks += tasks
         received = super().exchange(tasks)
         if any(not task.evaluate and task.round_idx == self.round_idx for task in tasks):

@@ -10,7 +10,7 @@ from helpers.reference_sgd import reference_epoch
 from lightning_fed.callbacks.warmup import SharedDataWarmup
 from lightning_fed.datamodules import DataSharing, IidPartitioner, ShardPartitioner
 from lightning_fed.datamodules.sharing import global_set_size
-from lightning_fed.engine.seeding import derive_seed, seed_torch
+from lightning_fed.utilities.seeding import derive_seed, seed_torch
 
 
 def _datamodule(beta=0.1, alpha=0.5, warmup_epochs=2, partitioner=None, seed=0, **kwargs):

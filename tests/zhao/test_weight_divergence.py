@@ -12,8 +12,8 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 
 from lightning_fed.callbacks.weight_divergence import WeightDivergence
 from lightning_fed.datamodules import IidPartitioner, ShardPartitioner
-from lightning_fed.engine.seeding import derive_seed, seed_torch
 from lightning_fed.functional.divergence import total_weight_divergence, weight_divergence
+from lightning_fed.utilities.seeding import derive_seed, seed_torch
 
 
 def test_weight_divergence_matches_eq_1_by_hand():

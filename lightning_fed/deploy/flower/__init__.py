@@ -2,8 +2,8 @@
 
 lightning_fed's rules stay lightning_fed's: the ServerApp (:data:`server_app`) runs the ordinary
 ``FederatedTrainer.fit`` through :func:`~lightning_fed.deploy.server.serve`, and Flower only carries each round's
-:class:`~lightning_fed.deploy.wire.RoundTask` to the SuperNode of its client and the
-:class:`~lightning_fed.deploy.wire.SiteReply` back (:class:`GridTransport`, over ``Grid.send_and_receive``). The
+:class:`~lightning_fed.deploy.wire.ClientTask` to the SuperNode of its client and the
+:class:`~lightning_fed.deploy.wire.ClientReply` back (:class:`GridTransport`, over ``Grid.send_and_receive``). The
 ClientApp (:data:`client_app`) answers a task with :class:`~lightning_fed.deploy.site.ClientSite`.
 
 Both apps read the deployment from the Flower app directory that ``lightning-fed flower-app`` writes: its resolved

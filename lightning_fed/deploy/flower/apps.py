@@ -33,7 +33,7 @@ from lightning_fed.deploy.flower.settings import (
 
 if TYPE_CHECKING:
     from lightning_fed.deploy.flower.grid_transport import GridTransport
-    from lightning_fed.deploy.wire import SiteReply
+    from lightning_fed.messages import ClientReply
 
 # torch, the wire format and the Lightning stack are imported where a handler needs them: Flower starts a ClientApp
 # process per message, and SecAgg+'s key exchanges (three of its four messages a round) need none of them.
@@ -103,7 +103,7 @@ def _secure_aggregation(message: Message, context: Context, call_next: Any) -> M
     return call_next(message, context)
 
 
-def _handle(task_bytes: bytes, context: Context) -> SiteReply:
+def _handle(task_bytes: bytes, context: Context) -> ClientReply:
     """Answers a task at this site (:class:`~lightning_fed.deploy.site.ClientSite`).
 
     Raises:
@@ -111,9 +111,10 @@ def _handle(task_bytes: bytes, context: Context) -> SiteReply:
     """
     from lightning_fed.deploy.config import site_builder
     from lightning_fed.deploy.site import ClientSite
-    from lightning_fed.deploy.wire import RoundTask, decode
+    from lightning_fed.deploy.wire import decode
+    from lightning_fed.messages import ClientTask
 
-    task = decode(task_bytes, RoundTask)
+    task = decode(task_bytes, ClientTask)
     client_id = client_id_of(context.node_config)
     if task.client_id != client_id:
         raise ValueError(f"This SuperNode serves client {client_id}; a task for client {task.client_id} arrived.")
@@ -122,7 +123,7 @@ def _handle(task_bytes: bytes, context: Context) -> SiteReply:
     site = ClientSite(build, state_dir_of(context.node_config, context.run_config))
     reply = site.handle(task)
     if task.secure_range is not None:
-        from lightning_fed.engine.seeding import derive_seed
+        from lightning_fed.utilities.seeding import derive_seed
 
         # secaggplus_mod rounds each value up or down at random with numpy's global generator right after this
         # handler returns: seeded from (run seed, round, client), a run repeats to the bit.
@@ -130,7 +131,7 @@ def _handle(task_bytes: bytes, context: Context) -> SiteReply:
     return reply
 
 
-def _reply_message(message: Message, reply: SiteReply) -> Message:
+def _reply_message(message: Message, reply: ClientReply) -> Message:
     from lightning_fed.deploy.wire import encode
 
     return Message(RecordDict({RECORD: ConfigRecord({REPLY_KEY: encode(reply)})}), reply_to=message)

@@ -9,7 +9,8 @@ from flwr.serverapp import Grid
 
 from lightning_fed.deploy.flower.settings import CLIENT_ID_KEY, RECORD, REPLY_KEY, TASK_KEY, payload, say
 from lightning_fed.deploy.transport import RoundReplies
-from lightning_fed.deploy.wire import RoundTask, SiteReply, decode, encode
+from lightning_fed.deploy.wire import decode, encode
+from lightning_fed.messages import ClientReply, ClientTask
 
 
 class GridTransport:
@@ -38,7 +39,7 @@ class GridTransport:
         self._asked: set[int] = set()
         self._seen: set[int] = set()
 
-    def exchange(self, tasks: list[RoundTask]) -> RoundReplies:
+    def exchange(self, tasks: list[ClientTask]) -> RoundReplies:
         """Sends each task to its client's node and returns the replies that arrived within :attr:`timeout`."""
         routed = self._route(tasks)
         if not routed:
@@ -53,7 +54,7 @@ class GridTransport:
             for task, node_id in routed
         ]
         expected = {task.client_id: node_id for task, node_id in routed}
-        replies: dict[int, SiteReply] = {}
+        replies: dict[int, ClientReply] = {}
         for message in self.grid.send_and_receive(messages, timeout=self.timeout):
             node_id = message.metadata.src_node_id
             if message.has_error():
@@ -65,7 +66,7 @@ class GridTransport:
         return RoundReplies(replies)
 
     @staticmethod
-    def _failed(error: Message, sent: list[Message], routed: list[tuple[RoundTask, int]]) -> str:
+    def _failed(error: Message, sent: list[Message], routed: list[tuple[ClientTask, int]]) -> str:
         """Who an error reply is about: the SuperLink answers for a node that stopped its heartbeats, from its own
         id, so the node is found through the message the error replies to (the grid sets sent messages' ids)."""
         for message, (task, node_id) in zip(sent, routed, strict=True):
@@ -73,7 +74,7 @@ class GridTransport:
                 return f"SuperNode {node_id} (client {task.client_id})"
         return f"SuperNode {error.metadata.src_node_id}"
 
-    def _route(self, tasks: list[RoundTask]) -> list[tuple[RoundTask, int]]:
+    def _route(self, tasks: list[ClientTask]) -> list[tuple[ClientTask, int]]:
         """Each task with the node of its client; a client no node serves is dropped, with a line saying so."""
         self.map_clients([task.client_id for task in tasks])
         routed = []
@@ -86,10 +87,10 @@ class GridTransport:
         return routed
 
     @staticmethod
-    def _reply(node_id: int, payload: bytes, expected: dict[int, int]) -> SiteReply | None:
+    def _reply(node_id: int, payload: bytes, expected: dict[int, int]) -> ClientReply | None:
         """The reply node ``node_id`` sent, or ``None`` with a line saying why it is not used."""
         try:
-            reply = decode(payload, SiteReply)
+            reply = decode(payload, ClientReply)
         except ValueError as error:
             say(f"SuperNode {node_id} sent an unreadable reply: {error}")
             return None

@@ -18,7 +18,8 @@ from lightning_fed.deploy.app import SECAGG_RUN_CONFIG
 from lightning_fed.deploy.flower.grid_transport import GridTransport
 from lightning_fed.deploy.flower.settings import REPLY_KEY, TASK_KEY, say
 from lightning_fed.deploy.transport import RoundReplies
-from lightning_fed.deploy.wire import RoundTask, SiteReply, encode
+from lightning_fed.deploy.wire import encode
+from lightning_fed.messages import ClientReply, ClientTask
 
 
 class SecureGridTransport(GridTransport):
@@ -28,7 +29,7 @@ class SecureGridTransport(GridTransport):
     Each round runs Flower's ``SecAggPlusWorkflow`` once, driven from lightning_fed's own round loop (so sampling,
     seeding, checkpoints and resume stay lightning_fed's): four exchanges with the round's nodes (public keys, key
     shares, masked vectors, unmasking). The site answers the third with its reply, whose sums
-    (:attr:`~lightning_fed.deploy.wire.SiteReply.secure_sums`) Flower's ``secaggplus_mod`` quantises and masks before
+    (:attr:`~lightning_fed.deploy.wire.ClientReply.secure_sums`) Flower's ``secaggplus_mod`` quantises and masks before
     they leave the site; the rest of the reply (metrics, rejection, step counts, integer buffers) travels in clear in
     the reply's metrics. Every client is given weight 1, so the workflow's weighted mean is the plain mean, which times
     the number of replies is the sum the server folds in. Evaluation tasks carry no sums and travel as in
@@ -74,7 +75,7 @@ class SecureGridTransport(GridTransport):
             timeout=timeout,
         )
 
-    def exchange(self, tasks: list[RoundTask]) -> RoundReplies:
+    def exchange(self, tasks: list[ClientTask]) -> RoundReplies:
         """Runs one SecAgg+ round over the tasks' nodes; returns the clear replies and the sums' total."""
         if not tasks or any(task.evaluate for task in tasks):
             return super().exchange(tasks)
@@ -96,7 +97,7 @@ class SecureGridTransport(GridTransport):
             say(f"Round {round_idx}: secure aggregation did not complete; every client of the round is dropped.")
             return RoundReplies({})
         expected = {task.client_id: node_id for task, node_id in routed}
-        replies: dict[int, SiteReply] = {}
+        replies: dict[int, ClientReply] = {}
         for proxy, result in strategy.results:
             payload = result.metrics.get(REPLY_KEY)
             reply = self._reply(proxy.node_id, payload, expected) if isinstance(payload, bytes) else None
@@ -115,7 +116,7 @@ class _SecureRound(Strategy):
     """The legacy strategy that Flower's SecAgg+ workflow drives for one round: it hands out lightning_fed's tasks
     and keeps what the workflow gives back (each reply, its arrays replaced by the unmasked mean)."""
 
-    def __init__(self, grid: Grid, run_id: int, routed: list[tuple[RoundTask, int]]) -> None:
+    def __init__(self, grid: Grid, run_id: int, routed: list[tuple[ClientTask, int]]) -> None:
         empty = Parameters(tensors=[], tensor_type="numpy.ndarray")
         self.instructions: list[tuple[ClientProxy, FitIns]] = [
             (GridClientProxy(node_id, grid, run_id), FitIns(empty, {TASK_KEY: encode(task)}))

@@ -14,7 +14,6 @@ from torch import Tensor, nn
 
 from lightning_fed.engine.dispatch import STEP_HOOKS
 from lightning_fed.engine.log_buffer import routed_logging
-from lightning_fed.engine.seeding import derive_seed
 from lightning_fed.engine.training_step import (
     _BATCH_HOOKS,
     _TRANSFER_HOOKS,
@@ -25,6 +24,7 @@ from lightning_fed.engine.training_step import (
 )
 from lightning_fed.functional.stacked_optim import unsupported_optimizer
 from lightning_fed.hooks import FedCallback
+from lightning_fed.utilities.seeding import derive_seed
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView
