@@ -147,8 +147,8 @@ def _fit(tmp_path, name: str, monkeypatch, client_half_wrapper=None) -> dict[str
     monkeypatch.setattr(ClientStateStore, "get", recording_get)
     monkeypatch.setattr(HookDispatcher, "call", recording_call)
     if client_half_wrapper is not None:
-        original_run = ClientHalf.run
-        monkeypatch.setattr(ClientHalf, "run", client_half_wrapper(original_run, plugins))
+        original_run = ClientHalf.run_task
+        monkeypatch.setattr(ClientHalf, "run_task", client_half_wrapper(original_run, plugins))
     torch.manual_seed(0)
     module = BoringClassifier(batch_norm=True)
     trainer = fast_trainer(
@@ -200,7 +200,7 @@ def _poisoned(value: Any) -> Any:
 
 
 def _poison_what_is_not_broadcast(original_run, plugins):
-    def run(self, round_ctx, client_ids):
+    def run(self, task):
         saved = []
         for plugin in plugins:
             state = copy.deepcopy(plugin.state_dict())
@@ -211,7 +211,7 @@ def _poison_what_is_not_broadcast(original_run, plugins):
                 )
                 saved.append((plugin, state))
         try:
-            return original_run(self, round_ctx, client_ids)
+            return original_run(self, task)
         finally:
             for plugin, state in saved:
                 plugin.load_state_dict(state)

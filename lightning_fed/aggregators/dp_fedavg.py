@@ -12,6 +12,7 @@ from lightning_fed.aggregation import Aggregator
 from lightning_fed.aggregators.privacy_accounting import check_accounting, client_level_epsilon
 from lightning_fed.checks import InvalidArgumentError, check_bool, check_real
 from lightning_fed.context import ClientUpdate, RoundContext
+from lightning_fed.engine import UniformClientSampler
 from lightning_fed.functional.dp import clip_update, gaussian_noise, next_clip_norm, update_noise_multiplier
 from lightning_fed.functional.state_dict import StateDict
 from lightning_fed.utilities.seeding import derive_seed
@@ -138,7 +139,6 @@ class DPFedAvg(Aggregator):
     @override
     def check_setup(self, trainer: FederatedTrainerView, datamodule: Any) -> None:
         """Refuses, when privacy is accounted, a sampler or callbacks that the accounting does not cover."""
-        from lightning_fed.engine import UniformClientSampler
 
         if self.delta is not None:
             if type(trainer.sampler) is not UniformClientSampler:

@@ -12,7 +12,7 @@ from typing_extensions import override
 from lightning_fed.aggregation import Aggregator
 from lightning_fed.checks import check_real
 from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
-from lightning_fed.engine import LogBuffer, batch_size_of, buffered_logging
+from lightning_fed.engine import LogBuffer, batch_size_of, buffered_logging, training_loss
 from lightning_fed.functional.qfedavg import EPSILON, apply_step, client_terms
 from lightning_fed.functional.state_dict import StateDict
 
@@ -152,8 +152,6 @@ class QFedAvg(Aggregator):
 
 def mean_training_loss(trainer: FederatedTrainerView, module: LightningModule, dataloader: Any) -> float:
     """Sample-weighted mean of ``training_step``'s loss over ``dataloader``, in eval mode, with logs discarded."""
-    # Imported here: local_training imports the callbacks package, which imports the aggregators.
-    from lightning_fed.engine import training_loss
 
     was_training = module.training
     module.eval()

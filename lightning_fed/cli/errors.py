@@ -34,6 +34,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 
 from lightning_fed.checks import InvalidArgumentError
+from lightning_fed.run.resume import ResumeError
 
 TRACEBACK_ENV = "LIGHTNING_FED_TRACEBACK"
 """Environment variable that, set to anything but ``""``/``0``/``false``, shows tracebacks of bad-input errors."""
@@ -307,7 +308,6 @@ def error_line(error: BaseException, config: Any = None, before_run: bool = Fals
             a ``ValueError``, ``TypeError``, ``OSError`` or Lightning ``MisconfigurationException`` raised then is a
             consequence of the settings, reported by its message, prefixed with the config entry it came from.
     """
-    from lightning_fed.run.resume import ResumeError
 
     resume = next((link for link in exception_chain(error) if isinstance(link, ResumeError)), None)
     if resume is not None:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_fed.callbacks.warmup import SharedDataWarmup
 from lightning_fed.checks import check_int, check_real
 from lightning_fed.datamodules._splits import RaggedIndex
 from lightning_fed.functional.partition_stats import earth_movers_distance, label_histogram
@@ -145,7 +146,6 @@ def warn_without_warmup(sharing: DataSharing | None, trainer: Any) -> None:
     """Warns when ``sharing`` asks for a warm-up that no callback of ``trainer`` (``None``: not attached) will run."""
     if sharing is None or sharing.warmup_epochs == 0 or trainer is None:
         return
-    from lightning_fed.callbacks.warmup import SharedDataWarmup  # Deferred: callbacks import the trainer.
 
     if not any(isinstance(callback, SharedDataWarmup) for callback in trainer.callbacks):
         warnings.warn(

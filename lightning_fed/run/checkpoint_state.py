@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lightning_fed.run.resume import check_restored_fingerprint
+
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
 
@@ -23,8 +25,6 @@ def federated_checkpoint(trainer: FederatedTrainer) -> dict[str, Any]:
 
 def restore_federated_checkpoint(trainer: FederatedTrainer, state_dict: dict[str, Any]) -> None:
     """Restores what :func:`federated_checkpoint` saved; a checkpoint of another configuration is refused."""
-    from lightning_fed.run.resume import check_restored_fingerprint
-
     # `fit` checked the file it was given already; this catches a checkpoint restored by other means.
     check_restored_fingerprint(state_dict.get("fingerprint"), trainer.fed_fingerprint, trainer.resume_allow_changes)
     trainer.federation_state.load_state_dict(state_dict["state"])

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lightning_fed.engine import accuracy_key, headline
 from lightning_fed.functional.partition_stats import mean_emd
 from lightning_fed.hooks import FedCallback
 from lightning_fed.loggers.wandb import define_round_axis, log_image, log_table, wandb_loggers
@@ -149,7 +150,6 @@ class RunReporter:
     def _log_accuracy_distribution(
         self, round_number: int, per_client: dict[int, dict[str, float]], prefix: str
     ) -> None:
-        from lightning_fed.engine import accuracy_key
         from lightning_fed.plots import plot_client_accuracy
 
         key = accuracy_key(next(iter(per_client.values())))
@@ -164,7 +164,6 @@ class RunReporter:
 
     def print_final(self, summary_path: Path | None) -> None:
         """Prints the final headline figures, the run directory and the summary's path."""
-        from lightning_fed.engine import headline
 
         history = self.trainer.federation_state.history
         if not history:

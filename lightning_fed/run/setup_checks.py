@@ -16,6 +16,7 @@ from torch import nn
 
 from lightning_fed.checks import InvalidArgumentError, check_bool, check_choice, check_int
 from lightning_fed.hooks import FedCallback
+from lightning_fed.parallel import distributed
 from lightning_fed.run.module_checks import check_module_setup
 
 if TYPE_CHECKING:
@@ -248,8 +249,6 @@ def check_allowed_changes(value: Any) -> list[str]:
 def check_federation_setup(trainer: FederatedTrainer, module: LightningModule) -> None:
     """Everything checked when the rounds of a fit start (after any checkpoint is restored): the module, the
     clients per round, each federated callback's own requirements and the process layout."""
-    from lightning_fed.parallel import distributed
-
     check_module_setup(trainer, module)
     num_clients = trainer.datamodule.num_clients
     check_clients_per_round(trainer.sampler.clients_per_round, num_clients)
