@@ -18,7 +18,7 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from lightning_fed.deploy.flower import (  # noqa: E402
     GridTransport,
-    client_id_of,
+    client_ids_of,
     round_timeout,
     state_dir_of,
 )
@@ -55,7 +55,7 @@ class FakeGrid:
             client_id = self.clients_of_nodes[message.metadata.dst_node_id]
             if message.metadata.message_type == "query":
                 replies.append(
-                    Message(RecordDict({"lightning_fed": ConfigRecord({"client-id": client_id})}), reply_to=message)
+                    Message(RecordDict({"lightning_fed": ConfigRecord({"client-ids": [client_id]})}), reply_to=message)
                 )
                 continue
             task = decode(message.content["lightning_fed"]["task"], ClientTask)
@@ -159,10 +159,11 @@ def test_an_error_the_superlink_sends_names_the_node_and_client_it_is_about(caps
 
 
 def test_node_and_run_config():
-    assert client_id_of({"client-id": 4, "partition-id": 1}) == 4
-    assert client_id_of({"partition-id": 1, "num-partitions": 3}) == 1
+    assert client_ids_of({"client-id": 4, "partition-id": 1}) == [4]
+    assert client_ids_of({"partition-id": 1, "num-partitions": 3}) == [1]
+    assert client_ids_of({"client-ids": "0, 1,2", "client-id": 4}) == [0, 1, 2]
     with pytest.raises(ValueError, match="client-id"):
-        client_id_of({})
+        client_ids_of({})
     assert str(state_dir_of({"state-dir": "a"}, {"state-dir": "b"})) == "a"
     assert str(state_dir_of({}, {"state-dir": "b"})) == "b"
     with pytest.raises(ValueError, match="state-dir"):

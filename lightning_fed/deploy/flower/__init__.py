@@ -4,7 +4,9 @@ lightning_fed's rules stay lightning_fed's: the ServerApp (:data:`server_app`) r
 ``FederatedTrainer.fit`` through :func:`~lightning_fed.deploy.server.serve`, and Flower only carries each round's
 :class:`~lightning_fed.deploy.wire.ClientTask` to the SuperNode of its client and the
 :class:`~lightning_fed.deploy.wire.ClientReply` back (:class:`GridTransport`, over ``Grid.send_and_receive``). The
-ClientApp (:data:`client_app`) answers a task with :class:`~lightning_fed.deploy.site.ClientSite`.
+ClientApp (:data:`client_app`) forwards each task to its site's warm worker (:mod:`lightning_fed.deploy.worker`), a
+long-lived process that answers it with :class:`~lightning_fed.deploy.site.ClientSite`: Flower starts a process per
+message, and the worker pays Python's, torch's and Lightning's start-up once per site instead.
 
 Both apps read the deployment from the Flower app directory that ``lightning-fed flower-app`` writes: its resolved
 ``config.yaml`` and the run config in its ``pyproject.toml`` (``round-timeout``, ``resume``, ``workdir``,
@@ -12,7 +14,8 @@ Both apps read the deployment from the Flower app directory that ``lightning-fed
 
     flower-supernode --insecure --superlink 127.0.0.1:8000 --node-config "client-id=0 state-dir='site-0-state'"
 
-(optionally ``data-config='site-data.yaml'``: a YAML whose ``data`` section replaces the app's at that site). In
+(``client-ids='0,1,2'`` for a node that serves several clients; optionally ``data-config='site-data.yaml'``: a
+YAML whose ``data`` section replaces the app's at that site). In
 Flower's simulation engine, where nodes have no such config, a node serves the client of its ``partition-id`` and
 keeps state under the run config's ``state-dir``.
 
@@ -32,7 +35,7 @@ Lightning stack is imported inside the handlers, so that the apps load quickly.
 from typing import TYPE_CHECKING
 
 from lightning_fed.deploy.flower.apps import client_app, server_app, transport_of
-from lightning_fed.deploy.flower.settings import client_id_of, find_app_dir, round_timeout, state_dir_of
+from lightning_fed.deploy.flower.settings import client_ids_of, find_app_dir, round_timeout, state_dir_of
 from lightning_fed.utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:
@@ -55,7 +58,7 @@ __all__ = [
     "InProcessGrid",
     "SecureGridTransport",
     "client_app",
-    "client_id_of",
+    "client_ids_of",
     "find_app_dir",
     "round_timeout",
     "server_app",

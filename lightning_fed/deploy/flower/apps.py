@@ -18,12 +18,12 @@ from flwr.serverapp import Grid, ServerApp
 from lightning_fed.deploy.app import SECAGG_RUN_CONFIG
 from lightning_fed.deploy.flower.settings import (
     APP_CONFIG,
-    CLIENT_ID_KEY,
+    CLIENT_IDS_KEY,
     LEGACY_TASK,
     RECORD,
     REPLY_KEY,
     TASK_KEY,
-    client_id_of,
+    client_ids_of,
     find_app_dir,
     payload,
     round_timeout,
@@ -33,7 +33,7 @@ from lightning_fed.deploy.flower.settings import (
 
 if TYPE_CHECKING:
     from lightning_fed.deploy.flower.grid_transport import GridTransport
-    from lightning_fed.messages import ClientReply
+    from lightning_fed.deploy.worker_link import WorkerAnswer
 
 # torch, the wire format and the Lightning stack are imported where a handler needs them: Flower starts a ClientApp
 # process per message, and SecAgg+'s key exchanges (three of its four messages a round) need none of them.
@@ -92,8 +92,8 @@ def server_main(grid: Grid, context: Context) -> None:
 @client_app.query()
 def client_query(message: Message, context: Context) -> Message:
     """Answers which client this SuperNode serves."""
-    client_id = client_id_of(context.node_config)
-    return Message(RecordDict({RECORD: ConfigRecord({CLIENT_ID_KEY: client_id})}), reply_to=message)
+    client_ids = client_ids_of(context.node_config)
+    return Message(RecordDict({RECORD: ConfigRecord({CLIENT_IDS_KEY: client_ids})}), reply_to=message)
 
 
 def _secure_aggregation(message: Message, context: Context, call_next: Any) -> Message:
@@ -103,38 +103,48 @@ def _secure_aggregation(message: Message, context: Context, call_next: Any) -> M
     return call_next(message, context)
 
 
-def _handle(task_bytes: bytes, context: Context) -> ClientReply:
-    """Answers a task at this site (:class:`~lightning_fed.deploy.site.ClientSite`).
+def _handle(task_bytes: bytes, context: Context) -> WorkerAnswer:
+    """Forwards a task to this site's warm worker (:mod:`lightning_fed.deploy.worker`) and returns its answer.
+
+    This process imports neither torch nor Lightning: the worker, started on the site's first task, has paid for
+    them once and answers every task of the site's clients (:class:`~lightning_fed.deploy.worker_link.WorkerLink`).
 
     Raises:
-        ValueError: If the task is for another client than this SuperNode's.
+        WorkerError: If the task is for a client this SuperNode does not serve, or the worker failed it.
     """
-    from lightning_fed.deploy.config import site_builder
-    from lightning_fed.deploy.site import ClientSite
-    from lightning_fed.deploy.wire import decode
-    from lightning_fed.messages import ClientTask
+    from lightning_fed.deploy.worker_link import WorkerLink
 
-    task = decode(task_bytes, ClientTask)
-    client_id = client_id_of(context.node_config)
-    if task.client_id != client_id:
-        raise ValueError(f"This SuperNode serves client {client_id}; a task for client {task.client_id} arrived.")
     data_config = setting(context.node_config, "data-config", "")
-    build = site_builder(find_app_dir() / APP_CONFIG, str(data_config) if data_config else None)
-    site = ClientSite(build, state_dir_of(context.node_config, context.run_config))
-    reply = site.handle(task)
-    if task.secure_range is not None:
-        from lightning_fed.utilities.seeding import derive_seed
-
+    state_dir, app_config = state_dir_of(context.node_config, context.run_config), find_app_dir() / APP_CONFIG
+    client_ids, site_data = client_ids_of(context.node_config), str(data_config) if data_config else None
+    if str(setting(context.node_config, "warm-worker", "true")).lower() in ("false", "0", "no"):
+        answer = _answer_here(task_bytes, state_dir, app_config, site_data, client_ids)
+    else:
+        answer = WorkerLink(state_dir, app_config, site_data, client_ids).answer(task_bytes)
+    if answer.secagg_seed is not None:
         # secaggplus_mod rounds each value up or down at random with numpy's global generator right after this
         # handler returns: seeded from (run seed, round, client), a run repeats to the bit.
-        numpy.random.seed(derive_seed(task.seed, "secagg", task.round_idx, task.client_id) % 2**32)
-    return reply
+        numpy.random.seed(answer.secagg_seed)
+    return answer
 
 
-def _reply_message(message: Message, reply: ClientReply) -> Message:
-    from lightning_fed.deploy.wire import encode
+def _answer_here(
+    task_bytes: bytes, state_dir: Path, app_config: Path, data_config: str | None, client_ids: list[int]
+) -> WorkerAnswer:
+    """Answers a task in this process, with a site built for it alone (a node config's ``warm-worker=false``)."""
+    from lightning_fed.deploy.config import site_builder
+    from lightning_fed.deploy.site import ClientSite
+    from lightning_fed.deploy.worker import answer_task
 
-    return Message(RecordDict({RECORD: ConfigRecord({REPLY_KEY: encode(reply)})}), reply_to=message)
+    site = ClientSite(site_builder(app_config, data_config), state_dir)
+    try:
+        return answer_task(site, task_bytes, client_ids)
+    finally:
+        site.close()
+
+
+def _reply_message(message: Message, reply: bytes) -> Message:
+    return Message(RecordDict({RECORD: ConfigRecord({REPLY_KEY: reply})}), reply_to=message)
 
 
 @client_app.train(mods=[_secure_aggregation])
@@ -145,23 +155,19 @@ def client_train(message: Message, context: Context) -> Message:
     the sums as the result's arrays, which ``secaggplus_mod`` masks, and the rest of the reply in its metrics.
     """
     if LEGACY_TASK not in message.content.config_records:
-        return _reply_message(message, _handle(payload(message, TASK_KEY), context))
+        return _reply_message(message, _handle(payload(message, TASK_KEY), context).reply)
     task_bytes = message.content.config_records[LEGACY_TASK][TASK_KEY]
     if not isinstance(task_bytes, bytes):
         raise ValueError(f"`{LEGACY_TASK}.{TASK_KEY}` holds {type(task_bytes).__name__}, not bytes")
-    from lightning_fed.deploy.wire import encode
-
-    reply = _handle(task_bytes, context)
-    arrays = [leaf.numpy() for leaf in reply.secure_sums]
-    reply.secure_sums = []
-    result = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 1, {REPLY_KEY: encode(reply)})
+    answer = _handle(task_bytes, context)
+    result = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(answer.arrays), 1, {REPLY_KEY: answer.reply})
     return Message(recorddict_compat.fitres_to_recorddict(result, keep_input=True), reply_to=message)
 
 
 @client_app.evaluate()
 def client_evaluate(message: Message, context: Context) -> Message:
     """Evaluates the task's model on the client's test split at this site and replies."""
-    return _reply_message(message, _handle(payload(message, TASK_KEY), context))
+    return _reply_message(message, _handle(payload(message, TASK_KEY), context).reply)
 
 
 __all__ = ["client_app", "server_app", "transport_of"]

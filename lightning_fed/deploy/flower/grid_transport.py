@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from lightning_fed.deploy.flower.settings import CLIENT_ID_KEY, RECORD, REPLY_KEY, TASK_KEY, payload, say
+from lightning_fed.deploy.flower.settings import CLIENT_IDS_KEY, RECORD, REPLY_KEY, TASK_KEY, payload, say
 from lightning_fed.deploy.transport import RoundReplies
 from lightning_fed.deploy.wire import decode, encode
 from lightning_fed.messages import ClientReply, ClientTask
@@ -119,11 +120,14 @@ class GridTransport:
             if message.has_error():
                 say(f"SuperNode {node_id} did not say which client it serves: {message.error.reason}")
                 continue
-            client_id = int(message.content[RECORD][CLIENT_ID_KEY])  # type: ignore[arg-type]
-            previous = self.nodes.get(client_id)
-            if previous is not None and previous != node_id:
-                say(f"SuperNodes {previous} and {node_id} both serve client {client_id}: {node_id} (newer) is used.")
-            self.nodes[client_id] = node_id
+            served: Any = message.content[RECORD][CLIENT_IDS_KEY]
+            for client_id in map(int, served):
+                previous = self.nodes.get(client_id)
+                if previous is not None and previous != node_id:
+                    say(
+                        f"SuperNodes {previous} and {node_id} both serve client {client_id}: {node_id} (newer) is used."
+                    )
+                self.nodes[client_id] = node_id
             self._asked.add(node_id)
 
 

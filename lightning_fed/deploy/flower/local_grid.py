@@ -38,7 +38,12 @@ class InProcessGrid:
             client + 1: Context(
                 run_id=1,
                 node_id=client + 1,
-                node_config={"client-id": client, "state-dir": str(Path(state_root) / f"site-{client}")},
+                # The sites answer in this process: no warm worker processes to start and to stop.
+                node_config={
+                    "client-id": client,
+                    "state-dir": str(Path(state_root) / f"site-{client}"),
+                    "warm-worker": "false",
+                },
                 state=RecordDict(),
                 run_config={},
             )

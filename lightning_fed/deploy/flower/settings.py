@@ -19,6 +19,7 @@ REPLY_KEY = "reply"
 #: Where SecAgg+'s legacy messages keep the task (the instructions' config) and the clear reply (the result's metrics).
 LEGACY_TASK = "fitins.config"
 CLIENT_ID_KEY = "client-id"
+CLIENT_IDS_KEY = "client-ids"
 
 #: The file of the app directory that holds the deployment's resolved configuration.
 APP_CONFIG = "config.yaml"
@@ -68,17 +69,21 @@ def round_timeout(run_config: dict[str, UserConfigValue]) -> float | None:
     return value if value > 0 else None
 
 
-def client_id_of(node_config: dict[str, UserConfigValue]) -> int:
-    """The client a SuperNode serves: its node config's ``client-id``, else (simulation) its ``partition-id``.
+def client_ids_of(node_config: dict[str, UserConfigValue]) -> list[int]:
+    """The clients a SuperNode serves: its node config's ``client-ids`` (comma-separated) or ``client-id``, else
+    (simulation) its ``partition-id``.
 
     Raises:
-        ValueError: If the node config has neither.
+        ValueError: If the node config has none of them.
     """
+    if CLIENT_IDS_KEY in node_config:
+        return [int(value) for value in str(node_config[CLIENT_IDS_KEY]).split(",") if value.strip()]
     for key in (CLIENT_ID_KEY, "partition-id"):
         if key in node_config:
-            return int(node_config[key])
+            return [int(node_config[key])]
     raise ValueError(
-        "This SuperNode serves no client: start it with `--node-config \"client-id=<id> state-dir='<dir>'\"`."
+        "This SuperNode serves no client: start it with `--node-config \"client-id=<id> state-dir='<dir>'\"` (or"
+        " `client-ids='0,1,2'` for several)."
     )
 
 
@@ -105,7 +110,8 @@ __all__ = [
     "REPLY_KEY",
     "SERVER_APP_REF",
     "TASK_KEY",
-    "client_id_of",
+    "CLIENT_IDS_KEY",
+    "client_ids_of",
     "find_app_dir",
     "payload",
     "round_timeout",
