@@ -5,7 +5,7 @@ imports torch and Lightning once, builds the site's module, data and trainer on 
 (:class:`~lightning_fed.deploy.site.ClientSite`, warm thereafter) and answers one task per connection on its Unix
 socket, one at a time. It keeps nothing that the site's state directory does not also hold, so it may be killed at
 any point: the link starts a new one and sends the task again. It exits after ``--idle-timeout`` seconds without a
-task.
+task, or once its SuperNode (``--parent-pid``) is gone.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 from lightning_fed.deploy.config import site_builder
@@ -25,18 +26,27 @@ from lightning_fed.deploy.worker_link import WorkerAnswer, arrays_to_bytes, rece
 from lightning_fed.messages import ClientTask
 from lightning_fed.utilities.seeding import derive_seed
 
+_POLL_S = 2.0  # how often an idle worker checks whether its SuperNode is still there
+
 #: The largest task a worker reads (a task carries the global model): past it the task is refused, not read.
 MAX_TASK_BYTES = 1 << 34
 
 
-def serve(site: ClientSite, listener: socket.socket, client_ids: list[int], idle_timeout: float) -> None:
-    """Answers tasks on ``listener`` until none arrives for ``idle_timeout`` seconds."""
-    listener.settimeout(idle_timeout)
+def serve(
+    site: ClientSite, listener: socket.socket, client_ids: list[int], idle_timeout: float, parent_pid: int | None = None
+) -> None:
+    """Answers tasks on ``listener`` until none arrives for ``idle_timeout`` seconds, or process ``parent_pid`` (the
+    SuperNode) is gone."""
+    listener.settimeout(min(_POLL_S, idle_timeout))
+    idle_since = time.monotonic()
     while True:
         try:
             connection, _ = listener.accept()
         except TimeoutError:
-            return
+            if time.monotonic() - idle_since > idle_timeout or not _alive(parent_pid):
+                return
+            continue
+        idle_since = time.monotonic()
         with connection:
             connection.settimeout(None)
             try:
@@ -46,6 +56,18 @@ def serve(site: ClientSite, listener: socket.socket, client_ids: list[int], idle
             if not task_bytes:  # a probe: is the worker listening?
                 continue
             _answer(site, connection, task_bytes, client_ids)
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def answer_task(site: ClientSite, task_bytes: bytes, client_ids: list[int]) -> WorkerAnswer:
@@ -95,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pid-file", required=True, help="where to write this process's id")
     parser.add_argument("--client-ids", required=True, help="the clients this site serves, comma-separated")
     parser.add_argument("--idle-timeout", type=float, default=600.0, help="seconds without a task before exiting")
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit once this process (the SuperNode) is gone")
     args = parser.parse_args(argv)
     client_ids = [int(value) for value in args.client_ids.split(",") if value]
     site = ClientSite(site_builder(args.app_config, args.data_config), args.state_dir)
@@ -106,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         listener.listen(16)
         Path(args.pid_file).write_text(f"{os.getpid()}\n")
         try:
-            serve(site, listener, client_ids, args.idle_timeout)
+            serve(site, listener, client_ids, args.idle_timeout, args.parent_pid)
         finally:
             site.close()
             with contextlib.suppress(FileNotFoundError):

@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import io
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -177,6 +178,9 @@ class WorkerLink:
                 str(self.pid_file),
                 "--client-ids",
                 ",".join(map(str, self.client_ids)),
+                # The message's process is the SuperNode's child: the worker lives as long as the SuperNode.
+                "--parent-pid",
+                str(os.getppid()),
             ]
             if self.data_config is not None:
                 command += ["--data-config", str(self.data_config)]
