@@ -108,7 +108,11 @@ def _math_blocks(lines: list[str]) -> list[str]:
         while body and not body[0].strip():
             body.pop(0)
         depth = min((_indent(b) for b in body if b.strip()), default=0)
-        out += ["", f"{indent}$$", *(f"{indent}{b[depth:]}" for b in body), f"{indent}$$", ""]
+        body = [b[depth:] for b in body]
+        if any("&" in b or b.rstrip().endswith("\\\\") for b in body):
+            # Sphinx wraps a math block's rows in an alignment itself; KaTeX needs the environment written out.
+            body = ["\\begin{aligned}", *body, "\\end{aligned}"]
+        out += ["", f"{indent}$$", *(f"{indent}{b}" for b in body), f"{indent}$$", ""]
     return out
 
 
