@@ -140,8 +140,10 @@ def _lay_over(base: dict, fragment: dict) -> dict:
     merged = copy.deepcopy(base)
     for key, value in fragment.items():
         old = merged.get(key)
-        if isinstance(value, dict) and isinstance(old, dict) and value.get("class_path", old.get("class_path")) == old.get(
-            "class_path"
+        if (
+            isinstance(value, dict)
+            and isinstance(old, dict)
+            and value.get("class_path", old.get("class_path")) == old.get("class_path")
         ):
             merged[key] = _lay_over(old, value)
         else:

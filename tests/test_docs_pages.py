@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import tomllib
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,7 +35,8 @@ def test_the_readme_is_one_screen_with_the_two_commands():
 
 def test_the_install_command_names_what_the_repository_has():
     install, _ = commands()
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    toml = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    project = toml.loads((ROOT / "pyproject.toml").read_text())["project"]
     for step in (s.strip() for s in install.split("&&")):
         words = shlex.split(step)
         if words[:3] == ["pip", "install", "-e"]:
@@ -66,7 +67,7 @@ def _table(text: str, heading: str) -> dict[str, list[str]]:
     start = next(i for i, line in enumerate(text.splitlines()) if line.startswith(heading))
     rows: dict[str, list[str]] = {}
     for line in text.splitlines()[start + 1 :]:
-        if line.startswith("| #") or line.startswith("|---"):
+        if line.startswith(("| #", "|---")):
             continue
         if not line.startswith("| "):
             if rows:
@@ -84,7 +85,10 @@ def _numbers(text: str) -> list[str]:
 
 @pytest.mark.parametrize(
     ("profile", "heading", "per_seed"),
-    [("small", "## Latest small-profile results (protocol v1)", True), ("full", "## Latest full-profile results", False)],
+    [
+        ("small", "## Latest small-profile results (protocol v1)", True),
+        ("full", "## Latest full-profile results", False),
+    ],
 )
 def test_the_v1_verdicts_and_figures_are_the_published_record(profile, heading, per_seed):
     record = json.loads((ROOT / "benchmarks" / "reproduce" / "v1_record" / f"{profile}.json").read_text())

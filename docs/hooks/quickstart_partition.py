@@ -16,7 +16,9 @@ OUT = ROOT / "docs" / "assets" / "quickstart-partition.png"
 
 
 def main() -> None:
-    cli = FederatedCLI(args=["--config", str(ROOT / "configs" / "quickstart.yaml"), "--trainer.logger", "false"], run=False)
+    cli = FederatedCLI(
+        args=["--config", str(ROOT / "configs" / "quickstart.yaml"), "--trainer.logger", "false"], run=False
+    )
     datamodule = cli.datamodule
     datamodule.setup("fit")
     figure = plot_label_histogram(datamodule.label_histogram(), datamodule.client_emd())
