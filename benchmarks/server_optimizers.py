@@ -110,7 +110,7 @@ def summarise(runs: list[dict[str, Any]], grid: list[float]) -> dict[str, Any]:
 
 
 def table(methods: dict[str, Any], grid: list[float]) -> str:
-    """The README's table."""
+    """The table of the docs' "Server optimizers" page."""
     lines = [
         "| method | " + " | ".join(f"val acc, η={lr:g}" for lr in grid) + " | chosen η | test acc | s/run |",
         "|---" * (len(grid) + 4) + "|",

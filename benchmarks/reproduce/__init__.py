@@ -1,9 +1,9 @@
 """The reproduction suite: every paper's headline claim, one command, a report with plots.
 
 It lives in the repository, not in the ``lightning_fed`` package, because its runs are the YAML files under the
-repository's ``configs/`` (also the README's examples) and its report is the README's: it runs from a checkout, via
-``python benchmarks/reproduce.py`` from the repository root, or ``lightning-fed reproduce`` once the checkout's
-``benchmarks/`` is installed (``pip install -e benchmarks/``).
+repository's ``configs/`` (also the docs' examples) and its report is the docs' "Reproduction" page's: it runs from
+a checkout, via ``python benchmarks/reproduce.py`` from the repository root, or ``lightning-fed reproduce`` once
+the checkout's ``benchmarks/`` is installed (``pip install -e benchmarks/``).
 
 * :mod:`~benchmarks.reproduce.experiments`: the runs (YAML files) and how each profile scales them;
 * :mod:`~benchmarks.reproduce.claims`: the claims, the papers' figures and the runs each rests on;

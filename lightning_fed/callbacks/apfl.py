@@ -51,7 +51,7 @@ class APFL(PersonalizedCallback):
           nothing), and :math:`w` is restored exactly. That pass runs under an RNG of its own, derived from
           ``(seed, "apfl", round, client, step)``, and its ``self.log`` values and torchmetrics states are
           discarded, so the global model, its ``train/*`` metrics and its dropout masks are bit-identical to
-          FedAvg's. The gradient is the local step's own (:func:`~lightning_fed.engine.local_training.step_gradient`:
+          FedAvg's. The gradient is the local step's own (:func:`~lightning_fed.engine.training_step.step_gradient`:
           the precision context, and under gradient accumulation the step's batches averaged as the step averages
           them).
         * :math:`η` is the optimizer's current learning rate (its first parameter group, read at every step, so

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 
 
 class PersonalizedCallback(FedCallback):
-    """Keeps one personalised model per client in the :class:`~lightning_fed.store.ClientStateStore` and evaluates
-    every client with its own model.
+    """Keeps one personalised model per client in the :class:`~lightning_fed.client_store.ClientStateStore` and
+    evaluates every client with its own model.
 
     Subclasses decide what the personalised model is (FedAMP's :math:`w_i`, APFL's :math:`\\bar v_i`, Separate's
     local model) by calling :meth:`save_personal` and, when evaluation needs more than the stored state, by

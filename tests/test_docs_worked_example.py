@@ -1,4 +1,4 @@
-"""Runs the worked extension example from the README, so the documented code cannot rot."""
+"""Runs the worked extension example of the docs ("Writing an algorithm"), so the documented code cannot rot."""
 
 import re
 from pathlib import Path
@@ -9,15 +9,15 @@ from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_
 
 from lightning_fed import ClientContext, ClientStateStore, FedAvg
 
-README = Path(__file__).parents[1] / "README.md"
+PAGE = Path(__file__).parents[1] / "docs" / "writing-an-algorithm.md"
 
 
 def _example_namespace() -> dict:
-    text = README.read_text()
-    block = re.search(r"<!-- readme-example -->\s*```python\n(.*?)```", text, re.S)
-    assert block, "the README lost its worked example"
+    text = PAGE.read_text()
+    block = re.search(r"<!-- worked-example -->\s*```python\n(.*?)```", text, re.S)
+    assert block, "docs/writing-an-algorithm.md lost its worked example"
     namespace: dict = {}
-    exec(compile(block.group(1), "README.md", "exec"), namespace)
+    exec(compile(block.group(1), str(PAGE), "exec"), namespace)
     return namespace
 
 
