@@ -79,7 +79,16 @@ def answer_task(site: ClientSite, task_bytes: bytes, client_ids: list[int]) -> W
     task = decode(task_bytes, ClientTask)
     if task.client_id not in client_ids:
         raise ValueError(f"This site serves clients {client_ids}; a task for client {task.client_id} arrived.")
+    started = time.perf_counter()
     reply = site.handle(task)
+    # One line per task in the worker's log: what the site spent on it (benchmarks/deploy_rounds.py reads it).
+    what = "evaluated" if task.evaluate else "trained"
+    print(
+        f"[lightning_fed] worker: round {task.round_idx} client {task.client_id} {what} in"
+        f" {time.perf_counter() - started:.3f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     arrays = [leaf.numpy() for leaf in reply.secure_sums]
     reply.secure_sums = []
     seed = None
