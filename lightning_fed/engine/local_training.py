@@ -22,6 +22,7 @@ from lightning_fed.engine.training_step import (
     _TRANSFER_HOOKS,
     _share_of_step,
     accumulation_of,
+    call_step,
     client_batches,
     clip_and_step,
     training_loss,
@@ -196,7 +197,8 @@ class LocalTrainer:
         if -1 in self._call("on_train_batch_start", batch, batch_idx):
             return -1
         with trainer.strategy.precision_plugin.train_step_context():
-            output = module.training_step(batch, batch_idx)
+            # By its signature, as every other step: Lightning's GAN example takes no batch_idx.
+            output = call_step(module.training_step, batch, batch_idx)
         self._call("on_train_batch_end", output, batch, batch_idx)
         return None
 
