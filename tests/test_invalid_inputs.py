@@ -479,6 +479,53 @@ def test_a_full_disk_keeps_the_traceback_on_request(setup_files, full_dir, monke
     assert info.value.errno == errno.ENOSPC
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A directory on an 8 MiB tmpfs: room for a run's first rounds, until a callback fills it."""
+    path = tmp_path / "small_disk"
+    path.mkdir()
+    problem = _mount_tmpfs(path, "size=8m")
+    if problem:
+        pytest.skip(f"cannot mount a small tmpfs to fill: {problem}")
+    yield path
+    subprocess.run(["umount", str(path)], check=False)
+
+
+def _cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "WANDB_MODE": "offline"}
+    env.pop(TRACEBACK_ENV, None)
+    command = [sys.executable, "-m", "lightning_fed.cli.main", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_a_disk_that_fills_mid_run_under_wandb_is_one_line_and_resumes_bit_identical(setup_files, small_disk):
+    """W&B's service and log files share the full disk: the line that says so stays the last thing printed (no
+    ``--- Logging error ---`` traceback for each record W&B fails to write), and once space is freed the run resumes
+    to the model of a run that never met the full disk."""
+    root, _, _, wandb_config = setup_files
+    marker = root.parent / "filled"
+    args = ["fit", "--config", str(wandb_config), "--trainer.num_rounds", "3", "--trainer.clients_per_round", "2"]
+    args += [f"{CB}{FAULTS}.FillDiskOnce", "--trainer.callbacks.init_args.marker", str(marker)]
+    failed = _cli(*args, "--trainer.default_root_dir", str(small_disk))
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    lines = failed.stderr.strip().splitlines()
+    (index,) = [i for i, line in enumerate(lines) if line.startswith("lightning-fed fit: ")]
+    assert "[ENOSPC]" in lines[index] and len(lines[index:]) <= 3, failed.stderr[-3000:]
+    assert marker.exists()
+
+    (small_disk / "filler").unlink()
+    resumed = _cli(*args, "--trainer.default_root_dir", str(small_disk), "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reference = _cli(*args, "--trainer.default_root_dir", str(root))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    (got,) = (small_disk / "runs").glob("*/checkpoints/last.ckpt")
+    (expected,) = (root / "runs").glob("*/checkpoints/last.ckpt")
+    got_state = torch.load(got, weights_only=True)["state_dict"]
+    expected_state = torch.load(expected, weights_only=True)["state_dict"]
+    assert got_state.keys() == expected_state.keys()
+    assert all(torch.equal(got_state[name], value) for name, value in expected_state.items())
+
+
 def test_environment_errors_are_one_line(read_only_dir):
     with pytest.raises(OSError) as info:
         (read_only_dir / "x").write_text("x")

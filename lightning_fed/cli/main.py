@@ -39,12 +39,14 @@ from lightning_fed.cli.errors import (
     HeldOutput,
     error_line,
     exception_chain,
+    find_environment_error,
     parser_error_line,
     report,
     traceback_requested,
 )
 from lightning_fed.datamodules.base import FederatedDataModule
 from lightning_fed.hooks import FedCallback, federated_trainer
+from lightning_fed.loggers.wandb import end_run_quietly
 from lightning_fed.run.identity import check_run_ids
 from lightning_fed.run.module_checks import (
     check_lightning_package,
@@ -423,6 +425,10 @@ def _run_cli(args: Sequence[str] | None, argv: list[str]) -> None:
         if line is None:
             progress.held.release()
             raise
+        if find_environment_error(error) is not None:
+            # W&B's service and log files are on the same full or read-only disk: its teardown at exit would print
+            # a traceback for every record it fails to write.
+            end_run_quietly()
         progress.held.discard()
         sys.stderr.write(report(line, progress.subcommand))
         sys.exit(2)
