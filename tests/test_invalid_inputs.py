@@ -451,6 +451,33 @@ def test_console_shows_no_traceback(args, expected, setup_files):
     assert list(root.iterdir()) == []
 
 
+def _cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "WANDB_MODE": "offline"}
+    env.pop(TRACEBACK_ENV, None)
+    # main() itself rather than `-m lightning_fed.cli.main`, whose runpy warning would be stderr's first line.
+    command = [sys.executable, "-c", "from lightning_fed.cli.main import main; main()", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "test"])
+def test_a_refused_resume_is_the_only_line_no_lightning_banner_before_it(subcommand, setup_files):
+    """The refusal is decided while Lightning's output is held back: no ``Seed set to 0``, ``GPU available: ...``
+    or ``TPU available: ...`` is printed before the line that names what to change."""
+    root, _, config, _ = setup_files
+    finished = _cli("fit", "--config", str(config), "--trainer.default_root_dir", str(root))
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    refused = _cli(
+        subcommand, "--config", str(config), "--trainer.default_root_dir", str(root), f"{MODEL}.lr", "0.1",
+        "--ckpt_path", "last",
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert refused.stdout == ""
+    assert refused.stderr.startswith(f"lightning-fed {subcommand}: `ckpt_path` is 'last' but none of the 1 run(s)")
+    assert "model.lr: 0.05 -> 0.1" in refused.stderr
+    for banner in ("Seed set to", "GPU available", "TPU available"):
+        assert banner not in refused.stderr
+
+
 def test_an_unsafe_checkpoint_runs_no_code(tmp_path):
     from lightning_fed.checks import InvalidArgumentError
     from lightning_fed.run.setup_checks import check_checkpoint_path
@@ -489,13 +516,6 @@ def small_disk(tmp_path):
         pytest.skip(f"cannot mount a small tmpfs to fill: {problem}")
     yield path
     subprocess.run(["umount", str(path)], check=False)
-
-
-def _cli(*args):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "WANDB_MODE": "offline"}
-    env.pop(TRACEBACK_ENV, None)
-    command = [sys.executable, "-m", "lightning_fed.cli.main", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
 
 
 def test_a_disk_that_fills_mid_run_under_wandb_is_one_line_and_resumes_bit_identical(setup_files, small_disk):

@@ -55,6 +55,7 @@ from lightning_fed.run.module_checks import (
     check_optimization_setup,
 )
 from lightning_fed.run.reporting import resolve_run_dir
+from lightning_fed.run.resume import check_resumable
 from lightning_fed.run.setup_checks import (
     check_checkpoint_path,
     check_clients_per_round,
@@ -229,6 +230,9 @@ class FederatedCLI(LightningCLI):
                 for callback in trainer.callbacks:
                     if isinstance(callback, FedCallback):
                         callback.check_setup(trainer, datamodule)
+            # While Lightning's banner is held back: a refused resume is then the one line printed.
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            check_resumable(trainer, model, datamodule, stage, config.get("ckpt_path"))
         self.progress.started()
 
 
