@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import logging
 import re
 import sys
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -67,6 +65,7 @@ from lightning_fed.run.setup_checks import (
 )
 from lightning_fed.trainer import FederatedTrainer
 from lightning_fed.utilities.atomic import write_text_atomic
+from lightning_fed.utilities.dependency_notices import without_dependency_notices
 
 
 class SaveConfigToRunDir(SaveConfigCallback):
@@ -412,7 +411,7 @@ def main(args: Sequence[str] | None = None) -> None:
         if status is not None:
             sys.exit(status)
     # Entered before the output is held: holding restores the warning filters it found when it lets go.
-    with _without_dependency_notices():
+    with without_dependency_notices():
         _run_cli(args, argv)
 
 
@@ -439,41 +438,6 @@ def _run_cli(args: Sequence[str] | None, argv: list[str]) -> None:
     finally:
         # `--help`, `--print_config` and subcommands without checks (predict) end here with nothing to report.
         progress.held.release()
-
-
-#: Lightning's tip, logged by every ``Trainer`` whose loggers include no ``LitLogger``; no setting turns it off.
-_LITLOGGER_TIP = "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]"
-
-
-class _DropLitLoggerTip(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(_LITLOGGER_TIP)
-
-
-@contextmanager
-def _without_dependency_notices() -> Iterator[None]:
-    """Drops two notices of Lightning's that a command has no way to avoid, and nothing else.
-
-    - Lightning's litlogger tip (``_LITLOGGER_TIP``), an advertisement printed by every ``Trainer`` without a
-      ``LitLogger``, whatever the run logs to: dropped from the one logger that logs it.
-    - torch's ``LeafSpec`` deprecation, raised from inside Lightning (``lightning/pytorch/utilities/_pytree.py``
-      builds a ``LeafSpec`` for every ``CombinedLoader``, so every fit and evaluation of any dataloader warns:
-      Lightning-AI/pytorch-lightning#21326): ignored for that message from that module only.
-    """
-    rank_zero_log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    tip_filter = _DropLitLoggerTip()
-    rank_zero_log.addFilter(tip_filter)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings(
-                "ignore",
-                message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-                category=FutureWarning,
-                module=r"lightning\.pytorch\.utilities\._pytree",
-            )
-            yield
-    finally:
-        rank_zero_log.removeFilter(tip_filter)
 
 
 if __name__ == "__main__":
