@@ -58,6 +58,11 @@ class ClientContext:
         store: The client store (per-client state that outlives the round, namespaced by callback); read this
             client's entries with ``store.get(namespace, client_id)``.
         num_steps: Optimizer steps taken so far in local training.
+        lr_sums: The learning rates of the optimizer steps taken so far, summed per param group of the client's
+            optimizer (``param_groups`` order; empty before the first step): ``num_steps * lr`` at a constant rate,
+            the sum of the step sizes the client actually took under a step-interval LR scheduler (SCAFFOLD's
+            control update and q-FedAvg's Lipschitz estimate divide by it). Not recorded under manual
+            optimisation, where the module steps optimizers of its own.
         extras: Free-form per-client data shared between callbacks.
         batch_transforms: Applied in order to every batch of the client's local training (after it is moved to the
             device, before ``training_step``), so a callback can change what a client trains on without touching the
@@ -72,6 +77,7 @@ class ClientContext:
     num_samples: int
     store: ClientStateStore
     num_steps: int = 0
+    lr_sums: list[float] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
     batch_transforms: list[Callable[[Any], Any]] = field(default_factory=list)
 
@@ -90,6 +96,8 @@ class ClientUpdate:
         held: Set by an ``on_client_end`` hook to keep the update from the aggregator until every client of this
             rank has trained; ``on_clients_end`` hooks may then rewrite it (attack simulation: "a little is enough"
             needs all the round's malicious updates first), and it is aggregated if still finite.
+        lr_sums: The client's :attr:`ClientContext.lr_sums` when it finished: the learning rates of its steps,
+            summed per param group.
     """
 
     client_id: int
@@ -99,6 +107,7 @@ class ClientUpdate:
     metrics: dict[str, float] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
     held: bool = False
+    lr_sums: list[float] = field(default_factory=list)
 
 
 @dataclass

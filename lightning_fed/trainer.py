@@ -53,6 +53,7 @@ from lightning_fed.run.setup_checks import (
     check_round_settings,
 )
 from lightning_fed.run.trainer_defaults import checkpoints_without_dir, default_callbacks, with_atomic_checkpoints
+from lightning_fed.utilities.dependency_notices import without_dependency_notices
 
 
 class FitInterrupted(SIGTERMException):
@@ -185,7 +186,9 @@ class FederatedTrainer(Trainer):
         # Checkpoint callbacks given no directory: each fit points them at its own run directory.
         self.session = RunSession(run_checkpoints=checkpoints_without_dir(kwargs["callbacks"]))
         kwargs["plugins"] = with_atomic_checkpoints(kwargs.get("plugins"))
-        super().__init__(max_epochs=num_rounds, **kwargs)
+        # Lightning's litlogger tip is logged here; a script's first run is as quiet as `lightning-fed fit`'s.
+        with without_dependency_notices():
+            super().__init__(max_epochs=num_rounds, **kwargs)
         if isinstance(clients_per_round, int):
             check_world_size(self.world_size, clients_per_round)
         install_round_loop(self)
@@ -250,12 +253,13 @@ class FederatedTrainer(Trainer):
         if self.global_rank == 0:
             lock.acquire()
         try:
-            super().fit(
-                model,
-                datamodule=datamodule,
-                ckpt_path=target.checkpoint,
-                weights_only=True if weights_only is None else weights_only,
-            )
+            with without_dependency_notices():
+                super().fit(
+                    model,
+                    datamodule=datamodule,
+                    ckpt_path=target.checkpoint,
+                    weights_only=True if weights_only is None else weights_only,
+                )
         except SIGTERMException as stop:
             raise self._interrupted() from stop
         finally:
@@ -277,7 +281,8 @@ class FederatedTrainer(Trainer):
         """Lightning's validation of the global model, with ``ckpt_path`` resolved as :meth:`fit` resolves it
         (``"last"`` with nothing to resume is an error); checkpoints load with ``weights_only=True`` by default."""
         checkpoint = evaluation_checkpoint(self, model, dataloaders, datamodule, ckpt_path)
-        result = super().validate(model, dataloaders, checkpoint, verbose, datamodule, weights_only is not False)
+        with without_dependency_notices():
+            result = super().validate(model, dataloaders, checkpoint, verbose, datamodule, weights_only is not False)
         distributed.destroy_process_group_at_exit()
         return result
 
@@ -292,7 +297,8 @@ class FederatedTrainer(Trainer):
     ) -> Any:
         """Lightning's test of the global model, with ``ckpt_path`` resolved as in :meth:`validate`."""
         checkpoint = evaluation_checkpoint(self, model, dataloaders, datamodule, ckpt_path)
-        result = super().test(model, dataloaders, checkpoint, verbose, datamodule, weights_only is not False)
+        with without_dependency_notices():
+            result = super().test(model, dataloaders, checkpoint, verbose, datamodule, weights_only is not False)
         distributed.destroy_process_group_at_exit()
         return result
 

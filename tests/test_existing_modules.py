@@ -162,7 +162,7 @@ def test_plateau_scheduler_on_steps_is_refused_in_one_line(tmp_path):
 
 class TinyGAN(L.LightningModule):
     """Lightning's GAN example pattern: two optimizers stepped in ``training_step`` with ``toggle_optimizer`` and
-    ``manual_backward``, the batch index not taken."""
+    ``manual_backward``."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -209,7 +209,15 @@ class TinyGAN(L.LightningModule):
         return [opt_g, opt_d], []
 
 
-def test_gan_with_two_optimizers_trains_federated_with_fedavg(tmp_path):
+class TinyGANWithoutBatchIdx(TinyGAN):
+    """Lightning's GAN example exactly as written: ``training_step(self, batch)``, no batch index."""
+
+    def training_step(self, batch: Any) -> None:  # type: ignore[override]
+        super().training_step(batch, 0)
+
+
+@pytest.mark.parametrize("gan", [TinyGAN, TinyGANWithoutBatchIdx], ids=["batch_idx", "batch_only"])
+def test_gan_with_two_optimizers_trains_federated_with_fedavg(tmp_path, gan):
     class OptimizerStates(FedCallback):
         def __init__(self) -> None:
             self.at_start: list[list[int]] = []
@@ -222,7 +230,7 @@ def test_gan_with_two_optimizers_trains_federated_with_fedavg(tmp_path):
         def on_client_end(self, trainer: Any, pl_module: Any, client_ctx: Any, update: Any) -> None:
             self.steps.append(client_ctx.num_steps)
 
-    module, record = TinyGAN(), OptimizerStates()
+    module, record = gan(), OptimizerStates()
     before = {name: tensor.clone() for name, tensor in module.state_dict().items()}
     trainer = fast_trainer(tmp_path, num_rounds=2, clients_per_round=2, callbacks=[record])
     trainer.fit(module, datamodule=make_datamodule())

@@ -451,6 +451,33 @@ def test_console_shows_no_traceback(args, expected, setup_files):
     assert list(root.iterdir()) == []
 
 
+def _cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "WANDB_MODE": "offline"}
+    env.pop(TRACEBACK_ENV, None)
+    # main() itself rather than `-m lightning_fed.cli.main`, whose runpy warning would be stderr's first line.
+    command = [sys.executable, "-c", "from lightning_fed.cli.main import main; main()", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "test"])
+def test_a_refused_resume_is_the_only_line_no_lightning_banner_before_it(subcommand, setup_files):
+    """The refusal is decided while Lightning's output is held back: no ``Seed set to 0``, ``GPU available: ...``
+    or ``TPU available: ...`` is printed before the line that names what to change."""
+    root, _, config, _ = setup_files
+    finished = _cli("fit", "--config", str(config), "--trainer.default_root_dir", str(root))
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    refused = _cli(
+        subcommand, "--config", str(config), "--trainer.default_root_dir", str(root), f"{MODEL}.lr", "0.1",
+        "--ckpt_path", "last",
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert refused.stdout == ""
+    assert refused.stderr.startswith(f"lightning-fed {subcommand}: `ckpt_path` is 'last' but none of the 1 run(s)")
+    assert "model.lr: 0.05 -> 0.1" in refused.stderr
+    for banner in ("Seed set to", "GPU available", "TPU available"):
+        assert banner not in refused.stderr
+
+
 def test_an_unsafe_checkpoint_runs_no_code(tmp_path):
     from lightning_fed.checks import InvalidArgumentError
     from lightning_fed.run.setup_checks import check_checkpoint_path
@@ -477,6 +504,46 @@ def test_a_full_disk_keeps_the_traceback_on_request(setup_files, full_dir, monke
     with pytest.raises(OSError) as info:
         main(["fit", "--config", str(config), "--trainer.default_root_dir", str(full_dir)])
     assert info.value.errno == errno.ENOSPC
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A directory on an 8 MiB tmpfs: room for a run's first rounds, until a callback fills it."""
+    path = tmp_path / "small_disk"
+    path.mkdir()
+    problem = _mount_tmpfs(path, "size=8m")
+    if problem:
+        pytest.skip(f"cannot mount a small tmpfs to fill: {problem}")
+    yield path
+    subprocess.run(["umount", str(path)], check=False)
+
+
+def test_a_disk_that_fills_mid_run_under_wandb_is_one_line_and_resumes_bit_identical(setup_files, small_disk):
+    """W&B's service and log files share the full disk: the line that says so stays the last thing printed (no
+    ``--- Logging error ---`` traceback for each record W&B fails to write), and once space is freed the run resumes
+    to the model of a run that never met the full disk."""
+    root, _, _, wandb_config = setup_files
+    marker = root.parent / "filled"
+    args = ["fit", "--config", str(wandb_config), "--trainer.num_rounds", "3", "--trainer.clients_per_round", "2"]
+    args += [f"{CB}{FAULTS}.FillDiskOnce", "--trainer.callbacks.init_args.marker", str(marker)]
+    failed = _cli(*args, "--trainer.default_root_dir", str(small_disk))
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    lines = failed.stderr.strip().splitlines()
+    (index,) = [i for i, line in enumerate(lines) if line.startswith("lightning-fed fit: ")]
+    assert "[ENOSPC]" in lines[index] and len(lines[index:]) <= 3, failed.stderr[-3000:]
+    assert marker.exists()
+
+    (small_disk / "filler").unlink()
+    resumed = _cli(*args, "--trainer.default_root_dir", str(small_disk), "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reference = _cli(*args, "--trainer.default_root_dir", str(root))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    (got,) = (small_disk / "runs").glob("*/checkpoints/last.ckpt")
+    (expected,) = (root / "runs").glob("*/checkpoints/last.ckpt")
+    got_state = torch.load(got, weights_only=True)["state_dict"]
+    expected_state = torch.load(expected, weights_only=True)["state_dict"]
+    assert got_state.keys() == expected_state.keys()
+    assert all(torch.equal(got_state[name], value) for name, value in expected_state.items())
 
 
 def test_environment_errors_are_one_line(read_only_dir):

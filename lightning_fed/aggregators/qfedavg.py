@@ -47,8 +47,13 @@ class QFedAvg(Aggregator):
           pass is discarded. The loop hands the probe a loader of its own and seeds the client's RNG after it, so
           local training sees the same batches and dropout masks as without it. It costs one forward pass over the
           client's data per round. The loss must be non-negative.
-        * :math:`L = 1/\eta` with :math:`\eta` the optimizer's learning rate at the client's start (the reference
-          code), unless ``lipschitz`` is given.
+        * :math:`L = 1/\eta` (the reference code), unless ``lipschitz`` is given, with :math:`\eta` the mean
+          learning rate of the client's :math:`K` optimizer steps, :math:`L = K / \sum_{k=1}^{K} \eta_k`
+          (``update.lr_sums``). At a constant rate that is the reference's :math:`1/\eta`; under a step-interval LR
+          scheduler (OneCycleLR) the rate changes within local training, and :math:`L\,(w_g - w_k)` stays the sum of
+          the client's :math:`K` gradients scaled as at a constant rate. A client that took no step (or one under
+          manual optimisation, whose steps are not recorded) uses the learning rate at its start. The optimizer's
+          param groups must share one learning rate.
         * :math:`\Delta_k` and the server step cover every floating-point entry (parameters and BatchNorm running
           statistics, as the reference applies it to all weights), so buffers move by the same convex combination
           as the parameters. :math:`\lVert \Delta w_k \rVert^2` sums over the trainable parameters only: buffer
@@ -96,7 +101,8 @@ class QFedAvg(Aggregator):
     def probe_client(
         self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
     ) -> dict[str, Any]:
-        r"""Measures :math:`F_k` at the client's start point and reads :math:`L = 1/\eta` from the optimizer."""
+        r"""Measures :math:`F_k` at the client's start point and reads :math:`L = 1/\eta` from the optimizer (used
+        when the client takes no step)."""
         self._norm_names = {name for name, p in pl_module.named_parameters() if p.requires_grad}
         extras: dict[str, Any] = {LOSS_KEY: mean_training_loss(trainer, pl_module, dataloader)}
         if self.lipschitz is None:
@@ -117,9 +123,7 @@ class QFedAvg(Aggregator):
                 " which `QFedAvg.probe_client` measures before local training: QFedAvg must be the trainer's"
                 " `aggregator`."
             )
-        lipschitz = self.lipschitz if self.lipschitz is not None else update.extras.get(LIPSCHITZ_KEY)
-        if lipschitz is None:
-            raise ValueError("QFedAvg has no Lipschitz constant: pass `lipschitz` or let it read the optimizer's lr.")
+        lipschitz = self._lipschitz_of(update)
         loss = update.extras[LOSS_KEY]
         norm_names = self._norm_names if self._norm_names is not None else update.params.keys()
         floats = self.float_entries(update.params)
@@ -129,6 +133,25 @@ class QFedAvg(Aggregator):
         for name, delta in deltas.items():
             self._delta_sum[name].add_(delta)
         self.client_losses[update.client_id] = loss
+
+    def _lipschitz_of(self, update: ClientUpdate) -> float:
+        r""":math:`L`: the one given, else :math:`K / \sum_k \eta_k` over the client's steps, else :math:`1/\eta` at
+        its start (measured by :meth:`probe_client`)."""
+        if self.lipschitz is not None:
+            return self.lipschitz
+        sums = update.lr_sums
+        if update.num_steps > 0 and sums:
+            if max(sums) - min(sums) > 1e-12 * max(sums):
+                raise ValueError(
+                    f"q-FedAvg takes L = 1/lr from the optimizer, whose param groups stepped with different learning"
+                    f" rates (summed over client {update.client_id}'s steps: {sums}): use one lr for every group, or"
+                    " pass `lipschitz` to QFedAvg."
+                )
+            return update.num_steps / sums[0]
+        lipschitz = update.extras.get(LIPSCHITZ_KEY)
+        if lipschitz is None:
+            raise ValueError("QFedAvg has no Lipschitz constant: pass `lipschitz` or let it read the optimizer's lr.")
+        return float(lipschitz)
 
     @override
     def compute(self, global_params: StateDict) -> StateDict:

@@ -44,18 +44,22 @@ class Scaffold(FedCallback, CrossProcessState):
           (no momentum) it is added to ``param.grad`` in ``on_client_before_optimizer_step`` (after backward and AMP
           unscaling, before clipping), so SGD takes exactly the paper's step in one update. With any other optimizer
           (SGD with momentum, Adam, ...) it is applied to the weights right after the optimizer step,
-          :math:`y \leftarrow y - \eta_g\,(c - c_i)` with :math:`\eta_g` the parameter group's current learning
-          rate, as NIID-Bench (Li et al. 2022, arXiv:2102.02079) and NVFlare do. Through ``.grad`` the correction would
-          pass through the momentum buffer and be amplified by about :math:`1/(1-\beta)`; the control error then
-          obeys :math:`e^+ = A(g_i - \bar g) - (A - 1)e` with :math:`A \approx 1/(1-\beta)`, which diverges for
-          :math:`\beta \gtrsim 0.5` at every learning rate. The two forms are the same step for plain SGD.
+          :math:`y \leftarrow y - \eta_k\,(c - c_i)` with :math:`\eta_k` the learning rate the parameter's group
+          took the step with, as NIID-Bench (Li et al. 2022, arXiv:2102.02079) and NVFlare do. Through ``.grad``
+          the correction would pass through the momentum buffer and be amplified by about :math:`1/(1-\beta)`; the
+          control error then obeys :math:`e^+ = A(g_i - \bar g) - (A - 1)e` with :math:`A \approx 1/(1-\beta)`,
+          which diverges for :math:`\beta \gtrsim 0.5` at every learning rate. The two forms are the same step for
+          plain SGD.
         * The server model update is FedAvg with uniform weights and server learning rate :math:`\eta_g`: configure
           it as ``trainer.aggregator: {class_path: lightning_fed.aggregators.FedAvg, init_args: {weighting:
           uniform, server_lr: <eta_g>}}``. The callback checks this at fit start and raises otherwise, so
           :math:`\eta_g` has one source of truth (the paper's default is :math:`\eta_g = 1`).
-        * :math:`K` is ``ctx.num_steps``, the optimizer steps actually taken (gradient accumulation counts one
-          step per accumulated batch group), and :math:`\eta` is the learning rate of each parameter's optimizer
-          group at the end of local training. fp16 loss scaling can skip steps silently, so it is refused.
+        * :math:`K\eta` is :math:`\sum_{k=1}^{K} \eta_k` (``ctx.lr_sums``): the learning rate of each parameter's
+          optimizer group at each of the optimizer steps actually taken, summed (gradient accumulation counts one
+          step per accumulated batch group). At a constant rate it is the paper's :math:`K\eta`; under a
+          step-interval LR scheduler (OneCycleLR) the rate changes within local training, and the sum of the step
+          sizes the client took keeps :math:`c_i^+` the step-size weighted mean of its gradients. The after-step
+          correction uses each step's own rate. fp16 loss scaling can skip steps silently, so it is refused.
         * :math:`x` is the client's start point ``ctx.initial_params`` (the round's global model unless another
           callback personalises it). :math:`N` is ``trainer.datamodule.num_clients``. Rejected (non-finite) clients
           keep their :math:`c_i` and add nothing to :math:`c`. A client that took no step keeps its :math:`c_i` too.
@@ -157,13 +161,15 @@ class Scaffold(FedCallback, CrossProcessState):
         if self._through_grad:
             return
         corrections = self._corrections(step)
-        # Learning rates move only between rounds (epoch-interval schedulers), so a group's are read once.
-        lrs = step.group.cache.get(_LRS_KEY)
-        if lrs is None:
-            lrs = step.group.cache[_LRS_KEY] = _parameter_lrs(pl_module, step.optimizer, corrections)
+        # Which optimizer group each parameter is in, found once per group; the learning rate is read at every step,
+        # the one this step took (a step-interval scheduler moves it after the step).
+        groups = step.group.cache.get(_GROUPS_KEY)
+        if groups is None:
+            groups = step.group.cache[_GROUPS_KEY] = _parameter_groups(pl_module, step.optimizer, corrections)
+        lrs = [float(group["lr"]) for group in step.optimizer.param_groups]
         with torch.no_grad():
             for name, param in step.params.items():
-                param.sub_(step.select(corrections[name]).to(param.dtype), alpha=lrs[name])
+                param.sub_(step.select(corrections[name]).to(param.dtype), alpha=lrs[groups[name]])
 
     def _corrections(self, step: GroupStep) -> StateDict:
         """The group's corrections c - c_i, stacked ``[clients, *shape]`` once per group."""
@@ -175,14 +181,14 @@ class Scaffold(FedCallback, CrossProcessState):
     ) -> None:
         if client_ctx.num_steps < 1:
             return
-        lrs = _parameter_lrs(pl_module, trainer.optimizers[0], self._device_control)
+        groups = _parameter_groups(pl_module, trainer.optimizers[0], self._device_control)
+        step_size_sums = {name: client_ctx.lr_sums[index] for name, index in groups.items()}
         new_control, delta = client_control_update(
             client_ctx.extras[self.namespace].control,
             self._device_control,
             client_ctx.initial_params,
             update.params,
-            client_ctx.num_steps,
-            lrs,
+            step_size_sums,
         )
         client_ctx.store.put(self.namespace, client_ctx.client_id, new_control)
         for name, value in delta.items():
@@ -230,8 +236,8 @@ class _ClientControl:
     correction: StateDict
 
 
-# Where a group's parameter learning rates are kept (in its cache) for the after-step correction.
-_LRS_KEY = "scaffold/lrs"
+# Where a group's parameter -> optimizer group index is kept (in its cache) for the after-step correction.
+_GROUPS_KEY = "scaffold/param_groups"
 
 
 def _check_aggregator(aggregator: Any) -> None:
@@ -252,19 +258,21 @@ def is_plain_sgd(optimizer: Optimizer) -> bool:
     )
 
 
-def _parameter_lrs(module: LightningModule, optimizer: Optimizer, names: StateDict) -> dict[str, float]:
-    """The learning rate of each named parameter's optimizer group."""
-    group_lr = {id(p): float(group["lr"]) for group in optimizer.param_groups for p in group["params"]}
-    lrs: dict[str, float] = {}
+def _parameter_groups(module: LightningModule, optimizer: Optimizer, names: StateDict) -> dict[str, int]:
+    """The index of each named parameter's group in ``optimizer.param_groups``; every group must have a positive
+    learning rate."""
+    group_of = {id(p): index for index, group in enumerate(optimizer.param_groups) for p in group["params"]}
+    groups: dict[str, int] = {}
     for name, param in module.named_parameters():
         if name in names:
-            if id(param) not in group_lr or group_lr[id(param)] <= 0:
+            index = group_of.get(id(param))
+            if index is None or not float(optimizer.param_groups[index]["lr"]) > 0:
                 raise ValueError(
                     f"SCAFFOLD needs a positive learning rate for parameter {name!r}: add it to the optimizer with"
                     " `lr > 0`, or freeze it (`requires_grad=False`) before fit."
                 )
-            lrs[name] = group_lr[id(param)]
-    return lrs
+            groups[name] = index
+    return groups
 
 
 __all__ = ["Scaffold", "is_plain_sgd"]

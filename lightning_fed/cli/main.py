@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import logging
 import re
 import sys
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,12 +37,14 @@ from lightning_fed.cli.errors import (
     HeldOutput,
     error_line,
     exception_chain,
+    find_environment_error,
     parser_error_line,
     report,
     traceback_requested,
 )
 from lightning_fed.datamodules.base import FederatedDataModule
 from lightning_fed.hooks import FedCallback, federated_trainer
+from lightning_fed.loggers.wandb import end_run_quietly
 from lightning_fed.run.identity import check_run_ids
 from lightning_fed.run.module_checks import (
     check_lightning_package,
@@ -53,6 +53,7 @@ from lightning_fed.run.module_checks import (
     check_optimization_setup,
 )
 from lightning_fed.run.reporting import resolve_run_dir
+from lightning_fed.run.resume import check_resumable
 from lightning_fed.run.setup_checks import (
     check_checkpoint_path,
     check_clients_per_round,
@@ -64,6 +65,7 @@ from lightning_fed.run.setup_checks import (
 )
 from lightning_fed.trainer import FederatedTrainer
 from lightning_fed.utilities.atomic import write_text_atomic
+from lightning_fed.utilities.dependency_notices import without_dependency_notices
 
 
 class SaveConfigToRunDir(SaveConfigCallback):
@@ -227,6 +229,9 @@ class FederatedCLI(LightningCLI):
                 for callback in trainer.callbacks:
                     if isinstance(callback, FedCallback):
                         callback.check_setup(trainer, datamodule)
+            # While Lightning's banner is held back: a refused resume is then the one line printed.
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            check_resumable(trainer, model, datamodule, stage, config.get("ckpt_path"))
         self.progress.started()
 
 
@@ -406,7 +411,7 @@ def main(args: Sequence[str] | None = None) -> None:
         if status is not None:
             sys.exit(status)
     # Entered before the output is held: holding restores the warning filters it found when it lets go.
-    with _without_dependency_notices():
+    with without_dependency_notices():
         _run_cli(args, argv)
 
 
@@ -423,47 +428,16 @@ def _run_cli(args: Sequence[str] | None, argv: list[str]) -> None:
         if line is None:
             progress.held.release()
             raise
+        if find_environment_error(error) is not None:
+            # W&B's service and log files are on the same full or read-only disk: its teardown at exit would print
+            # a traceback for every record it fails to write.
+            end_run_quietly()
         progress.held.discard()
         sys.stderr.write(report(line, progress.subcommand))
         sys.exit(2)
     finally:
         # `--help`, `--print_config` and subcommands without checks (predict) end here with nothing to report.
         progress.held.release()
-
-
-#: Lightning's tip, logged by every ``Trainer`` whose loggers include no ``LitLogger``; no setting turns it off.
-_LITLOGGER_TIP = "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]"
-
-
-class _DropLitLoggerTip(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(_LITLOGGER_TIP)
-
-
-@contextmanager
-def _without_dependency_notices() -> Iterator[None]:
-    """Drops two notices of Lightning's that a command has no way to avoid, and nothing else.
-
-    - Lightning's litlogger tip (``_LITLOGGER_TIP``), an advertisement printed by every ``Trainer`` without a
-      ``LitLogger``, whatever the run logs to: dropped from the one logger that logs it.
-    - torch's ``LeafSpec`` deprecation, raised from inside Lightning (``lightning/pytorch/utilities/_pytree.py``
-      builds a ``LeafSpec`` for every ``CombinedLoader``, so every fit and evaluation of any dataloader warns:
-      Lightning-AI/pytorch-lightning#21326): ignored for that message from that module only.
-    """
-    rank_zero_log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    tip_filter = _DropLitLoggerTip()
-    rank_zero_log.addFilter(tip_filter)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings(
-                "ignore",
-                message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-                category=FutureWarning,
-                module=r"lightning\.pytorch\.utilities\._pytree",
-            )
-            yield
-    finally:
-        rank_zero_log.removeFilter(tip_filter)
 
 
 if __name__ == "__main__":

@@ -227,7 +227,10 @@ class ClientHalf:
             optimizer = client_optimizer(self.trainer, self.schedulers, client_id)
             trainer = self.trainer
             metrics = self.local.fit(loader, optimizer, trainer.local_epochs, trainer.local_steps, ctx=ctx)
-            update = ClientUpdate(client_id, ctx.num_samples, ctx.num_steps, clone_state(self.live), metrics, probe)
+            params = clone_state(self.live)
+            update = ClientUpdate(
+                client_id, ctx.num_samples, ctx.num_steps, params, metrics, probe, lr_sums=ctx.lr_sums
+            )
             optimizer_state = optimizer.state_dict()["state"] if trainer.keep_optimizer_state else None
         except BaseException:
             store.rollback()
@@ -257,7 +260,9 @@ class ClientHalf:
             raise
         updates: list[ClientUpdate | None] = []
         for (ctx, probe), transaction, (params, metrics, finite) in zip(started, transactions, results):
-            update = ClientUpdate(ctx.client_id, ctx.num_samples, ctx.num_steps, params, metrics, probe)
+            update = ClientUpdate(
+                ctx.client_id, ctx.num_samples, ctx.num_steps, params, metrics, probe, lr_sums=ctx.lr_sums
+            )
             if self.batched.needs_live_model:
                 # on_client_end's contract: the module holds the client's local model.
                 copy_state_(self.live, params)

@@ -17,11 +17,12 @@ from lightning_fed.context import ClientContext
 from lightning_fed.engine.dispatch import HookDispatcher, check_step_hooks
 from lightning_fed.engine.log_buffer import LogBuffer, batch_size_of, buffered_logging
 from lightning_fed.engine.schedulers import RoundSchedulers
-from lightning_fed.engine.step_counter import StepCounter
+from lightning_fed.engine.step_counter import StepCounter, record_step_sizes
 from lightning_fed.engine.training_step import (
     _TRANSFER_HOOKS,
     _share_of_step,
     accumulation_of,
+    call_step,
     client_batches,
     clip_and_step,
     training_loss,
@@ -196,7 +197,8 @@ class LocalTrainer:
         if -1 in self._call("on_train_batch_start", batch, batch_idx):
             return -1
         with trainer.strategy.precision_plugin.train_step_context():
-            output = module.training_step(batch, batch_idx)
+            # By its signature, as every other step: Lightning's GAN example takes no batch_idx.
+            output = call_step(module.training_step, batch, batch_idx)
         self._call("on_train_batch_end", output, batch, batch_idx)
         return None
 
@@ -254,6 +256,9 @@ class LocalTrainer:
             for callback in self._grad_hooks:
                 callback.on_client_before_optimizer_step(trainer, module, step)
         self._call("on_before_optimizer_step", optimizer)
+        if ctx is not None:
+            # The learning rates this step uses: a step-interval scheduler changes them after it.
+            record_step_sizes(ctx, [group["lr"] for group in optimizer.param_groups])
         clip_and_step(trainer, module, optimizer, scaler)
         if step is not None:
             for callback in self._step_hooks:

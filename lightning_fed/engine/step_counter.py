@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from lightning_fed.context import ClientContext
     from lightning_fed.hooks import FederatedTrainerView
 
 
@@ -46,6 +47,15 @@ class StepCounter:
             self._advance(steps)
 
 
+def record_step_sizes(ctx: ClientContext, lrs: Sequence[float]) -> None:
+    """Adds the learning rates one optimizer step of the client used (one per param group, read before the step,
+    as the optimizer reads them) to ``ctx.lr_sums``."""
+    if not ctx.lr_sums:
+        ctx.lr_sums = [float(lr) for lr in lrs]
+    else:
+        ctx.lr_sums = [total + float(lr) for total, lr in zip(ctx.lr_sums, lrs)]
+
+
 def client_steps(num_batches: int, local_epochs: int | None, local_steps: int | None, accumulate: int) -> int:
     """The optimizer steps a client with ``num_batches`` training batches takes in one round (as
     :func:`~lightning_fed.engine.training_step.client_batches` yields them: an epoch's last batch ends a step)."""
@@ -83,4 +93,11 @@ def run_steps(counts: list[int], num_rounds: int) -> int:
     return (num_rounds - 1) * steps_per_round(counts) + max(counts)
 
 
-__all__ = ["StepCounter", "client_step_counts", "client_steps", "run_steps", "steps_per_round"]
+__all__ = [
+    "StepCounter",
+    "client_step_counts",
+    "client_steps",
+    "record_step_sizes",
+    "run_steps",
+    "steps_per_round",
+]

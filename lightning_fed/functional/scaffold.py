@@ -3,9 +3,9 @@ r"""SCAFFOLD's control-variate arithmetic (option II), on name -> tensor dicts o
 Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ICML 2020,
 arXiv:1910.06378, Algorithm 1.
 
-Notation: :math:`x` the round's global model, :math:`y` the client's model after :math:`K` local steps of size
-:math:`\eta`, :math:`c` the server control, :math:`c_i` client :math:`i`'s control, :math:`N` the number of
-registered clients.
+Notation: :math:`x` the round's global model, :math:`y` the client's model after :math:`K` local steps of sizes
+:math:`\eta_1, \dots, \eta_K` (each :math:`\eta` in the paper), :math:`c` the server control, :math:`c_i` client
+:math:`i`'s control, :math:`N` the number of registered clients.
 """
 
 from __future__ import annotations
@@ -29,28 +29,36 @@ def client_control_update(
     server_control: Mapping[str, Tensor],
     global_params: Mapping[str, Tensor],
     local_params: Mapping[str, Tensor],
-    num_steps: int,
-    lrs: Mapping[str, float],
+    step_size_sums: Mapping[str, float],
 ) -> tuple[StateDict, StateDict]:
-    r"""Option II: :math:`c_i^+ = c_i - c + \frac{x - y}{K \eta}`, and :math:`\Delta c = c_i^+ - c_i`.
+    r"""Option II: :math:`c_i^+ = c_i - c + \frac{x - y}{\sum_{k=1}^{K} \eta_k}`, and :math:`\Delta c = c_i^+ - c_i`.
+
+    The paper's :math:`K\eta` is the sum of the :math:`K` step sizes at a constant learning rate. When the rate
+    changes within local training (a step-interval LR scheduler), :math:`x - y` is the sum of the steps
+    :math:`\eta_k\,(g_k - c_i + c)`, so dividing by :math:`\sum_k \eta_k` keeps :math:`c_i^+` the step-size
+    weighted mean of the client's gradients, as :math:`K\eta` does at a constant rate.
 
     Args:
         client_control: :math:`c_i` (the value the client trained with).
         server_control: :math:`c` (the value the client trained with).
         global_params: :math:`x`, the start point of local training.
         local_params: :math:`y`, the model after local training.
-        num_steps: :math:`K`, the optimizer steps actually taken; must be >= 1.
-        lrs: :math:`\eta` per parameter name (the learning rate of the parameter's optimizer group).
+        step_size_sums: :math:`\sum_k \eta_k` per parameter name: the learning rates of the parameter's optimizer
+            group at each step actually taken, summed (``K * lr`` at a constant rate); each must be > 0.
 
     Returns:
         ``(c_i_plus, delta_c)`` keyed like ``server_control``.
     """
-    if num_steps < 1:
-        raise ValueError(f"`num_steps` must be >= 1 to update a control variate, got {num_steps}.")
     new_control: StateDict = {}
     delta: StateDict = {}
     for name, c in server_control.items():
-        drift = (global_params[name] - local_params[name]) / (num_steps * lrs[name])
+        total = step_size_sums[name]
+        if not total > 0:
+            raise ValueError(
+                f"The step sizes of {name!r} must sum to > 0 to update a control variate (at least one step with a"
+                f" positive learning rate), got {total}."
+            )
+        drift = (global_params[name] - local_params[name]) / total
         delta[name] = drift - c
         new_control[name] = client_control[name] + delta[name]
     return new_control, delta

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import netrc
 import os
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -116,6 +118,33 @@ def define_round_axis(logger: _LightningWandbLogger, names: list[str]) -> None:
     experiment.define_metric("round")
     for name in names:
         experiment.define_metric(name, step_metric="round")
+
+
+def end_run_quietly(exit_code: int = 1) -> None:
+    """Ends this process's W&B run, if one is open, without writing to the terminal or to W&B's own log files.
+
+    For a run that stops because the environment refused a write (a full disk, a spent quota): W&B's service has
+    usually died of the same cause by then, and a run left open is torn down when the process exits, where every
+    record W&B's threads log to ``debug.log`` on the full disk fails and Python's logging prints a
+    ``--- Logging error ---`` traceback for each (hundreds of lines after the one line that says what happened).
+    Here W&B's file handlers are closed and removed first, its terminal output is silenced (``wandb.termsetup``
+    with a ``silent`` setting, as ``WANDB_SILENT`` would have set it), and the run is finished with ``exit_code``
+    (W&B marks it failed); a failure to finish is ignored, the process being on its way out. W&B is not imported
+    when nothing has imported it.
+    """
+    wandb = sys.modules.get("wandb")
+    run = getattr(wandb, "run", None)
+    if wandb is None or run is None:
+        return
+    wandb_log = logging.getLogger("wandb")
+    for handler in list(wandb_log.handlers):
+        if isinstance(handler, logging.FileHandler):
+            wandb_log.removeHandler(handler)
+            with contextlib.suppress(OSError):
+                handler.close()
+    wandb.termsetup(wandb.Settings(silent=True), None)
+    with contextlib.suppress(Exception):
+        run.finish(exit_code=exit_code)
 
 
 def log_image(logger: _LightningWandbLogger, key: str, path: str, caption: str | None = None) -> None:

@@ -22,6 +22,7 @@ of its run. ``"last"`` skips, with a warning, a run none of whose checkpoints ca
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -341,6 +342,34 @@ def evaluation_checkpoint(
     return resolve_ckpt_path(trainer, ckpt_path, fingerprint).checkpoint
 
 
+def check_resumable(
+    trainer: FederatedTrainer,
+    model: LightningModule,
+    datamodule: Any,
+    stage: str,
+    ckpt_path: str | Path | None,
+) -> None:
+    """Decides, before a run starts, whether ``ckpt_path`` may be resumed (``fit``) or evaluated (``validate``,
+    ``test``), as the run itself will decide it.
+
+    ``lightning-fed`` calls this while it holds back Lightning's output, so that a refused resume is the one line
+    that names what to change, not the last line after Lightning's banner (``Seed set to 0``, ``GPU available``,
+    ...). The warnings the resolution gives (a corrupt checkpoint skipped) are left to the run, which resolves
+    ``ckpt_path`` again and gives them once.
+
+    Raises:
+        ResumeError: As :func:`resolve_ckpt_path` or :func:`evaluation_checkpoint` raise it.
+    """
+    if ckpt_path is None:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if stage == "fit":
+            resolve_ckpt_path(trainer, ckpt_path, experiment_fingerprint(trainer, model, datamodule))
+        else:
+            evaluation_checkpoint(trainer, model, None, datamodule, ckpt_path)
+
+
 def check_restored_fingerprint(saved: Any, current: Any, allowed: list[str]) -> None:
     """Refuses a restored checkpoint whose fingerprint differs from this fit's in keys not ``allowed``."""
     if saved is None or current is None:
@@ -357,6 +386,7 @@ __all__ = [
     "ResumeError",
     "ResumeTarget",
     "check_restored_fingerprint",
+    "check_resumable",
     "checkpoint_fingerprint",
     "compare",
     "evaluation_checkpoint",

@@ -1,7 +1,14 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule
+from helpers.boring import (
+    BoringClassifier,
+    OneCycleClassifier,
+    fast_trainer,
+    global_weights,
+    make_datamodule,
+    one_cycle_lrs,
+)
 
 from lightning_fed import ClientStateStore, FedCallback
 from lightning_fed.aggregators import FedAvg, QFedAvg
@@ -140,6 +147,16 @@ class Poison(FedCallback):
         self.locals[ctx.client_id] = {n: t.clone() for n, t in update.params.items()}
 
 
+class Locals(FedCallback):
+    """Records every client's local model."""
+
+    def __init__(self):
+        self.locals = {}
+
+    def on_client_end(self, trainer, pl_module, ctx, update):
+        self.locals[ctx.client_id] = {n: t.clone() for n, t in update.params.items()}
+
+
 def _client_loss(module, weights, datamodule, client_id):
     module.load_state_dict(weights)
     module.eval()
@@ -170,6 +187,37 @@ def test_loss_is_measured_at_the_global_model_over_all_client_data_and_rejected_
     tracked = "net.1.num_batches_tracked"
     assert torch.equal(global_weights(module)[tracked], poison.locals[2][tracked])
     assert trainer.federation_state.history[-1][LOSS_KEY] > 0
+
+
+def test_under_one_cycle_the_lipschitz_estimate_is_k_over_the_sum_of_the_step_sizes_taken(tmp_path):
+    """With a step-interval OneCycleLR the rate changes at every local step: L = 1/lr is K over the sum of the rates
+    of the client's steps (from a plain OneCycleLR run of the same length, computed here), not 1/lr at the start."""
+    recorder = Locals()
+    torch.manual_seed(0)
+    module = OneCycleClassifier()
+    start = global_weights(module)
+    agg = QFedAvg(q=1.0)
+    trainer = fast_trainer(
+        tmp_path,
+        aggregator=agg,
+        callbacks=[recorder],
+        num_rounds=1,
+        clients_per_round=2,
+        client_eval="none",
+        eval_every_n_rounds=0,
+        seed=0,
+    )
+    trainer.fit(module, datamodule=make_datamodule(num_clients=2))
+    k = trainer.global_step // 2
+    lrs = one_cycle_lrs(module.total_steps)
+    assert len(lrs) == k
+    lipschitz = k / sum(lrs)
+    assert lipschitz != pytest.approx(1 / lrs[0], rel=1e-2)
+    names = [n for n, _ in module.named_parameters()]
+    locals_ = [recorder.locals[0], recorder.locals[1]]
+    expected = reference(start, locals_, [agg.client_losses[0], agg.client_losses[1]], 1.0, lipschitz, names)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(global_weights(module)[name], tensor, rtol=0, atol=1e-6)
 
 
 def test_invalid_arguments_are_refused():

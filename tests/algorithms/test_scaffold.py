@@ -3,7 +3,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule
+from helpers.boring import (
+    BoringClassifier,
+    OneCycleClassifier,
+    fast_trainer,
+    global_weights,
+    make_datamodule,
+    one_cycle_lrs,
+)
 from helpers.resume import assert_resume_bit_identical
 
 from lightning_fed import FedCallback
@@ -78,15 +85,15 @@ def test_functional_control_updates_match_hand_computed_values():
     c, c_i = {"w": torch.tensor([0.5, -1.0])}, {"w": torch.tensor([0.25, 2.0])}
     x, y = {"w": torch.tensor([1.0, 1.0])}, {"w": torch.tensor([0.4, 1.6])}
     assert torch.equal(gradient_correction(c, c_i)["w"], torch.tensor([0.25, -3.0]))
-    new, delta = client_control_update(c_i, c, x, y, num_steps=3, lrs={"w": 0.1})
+    new, delta = client_control_update(c_i, c, x, y, step_size_sums={"w": 3 * 0.1})
     # c_i+ = c_i - c + (x - y) / (K lr) = [0.25 - 0.5 + 2, 2 + 1 - 2]
     torch.testing.assert_close(new["w"], torch.tensor([1.75, 1.0]))
     torch.testing.assert_close(delta["w"], torch.tensor([1.5, -1.0]))
     # c + (1/N) sum of deltas, with N = 4 registered clients
     updated = server_control_update(c, {"w": torch.tensor([2.0, -4.0])}, num_clients=4)
     torch.testing.assert_close(updated["w"], torch.tensor([1.0, -2.0]))
-    with pytest.raises(ValueError, match="num_steps"):
-        client_control_update(c_i, c, x, y, num_steps=0, lrs={"w": 0.1})
+    with pytest.raises(ValueError, match="sum to > 0"):
+        client_control_update(c_i, c, x, y, step_size_sums={"w": 0.0})
 
 
 def test_one_local_step_moves_the_live_parameters_by_the_corrected_gradient(tmp_path):
@@ -152,6 +159,65 @@ def test_controls_follow_option_ii_with_k_the_optimizer_steps_taken(tmp_path, sc
         for name, c in server.items():
             torch.testing.assert_close(after.server_controls[round_idx][name], c, rtol=1e-5, atol=1e-6)
         assert any(c.abs().max() > 0 for c in server.values())
+
+
+class StepParams(FedCallback):
+    """The parameters after each optimizer step: placed before Scaffold, before its after-step correction; placed
+    after it, with the correction applied."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_client_after_optimizer_step(self, trainer, pl_module, step):
+        self.steps.append({n: p.detach().clone() for n, p in pl_module.named_parameters()})
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9], ids=["sgd", "momentum"])
+def test_under_one_cycle_the_control_divides_by_the_sum_of_the_step_sizes_taken(tmp_path, momentum):
+    """With a step-interval OneCycleLR the rate changes at every local step: option II's K*lr is the sum of the
+    rates of the steps the client took (from a plain OneCycleLR run of the same length, computed here), and with
+    momentum the after-step correction uses each step's own rate."""
+    scaffold = Scaffold()
+    before, after = Before(scaffold), After(scaffold)
+    pre, post = StepParams(), StepParams()
+    torch.manual_seed(0)
+    module = OneCycleClassifier(momentum=momentum)
+    trainer = fast_trainer(
+        tmp_path,
+        callbacks=[before, pre, scaffold, post, after],
+        aggregator=FedAvg(weighting="uniform"),
+        client_eval="none",
+        eval_every_n_rounds=0,
+        seed=0,
+        num_rounds=2,
+        clients_per_round=2,
+    )
+    trainer.fit(module, datamodule=make_datamodule(num_clients=2))
+    steps = {rec["K"] for rec in before.records}
+    assert len(steps) == 1  # clients of equal size: round r's schedule starts at r * K
+    (k,) = steps
+    lrs = one_cycle_lrs(module.total_steps)
+    assert len(lrs) == 2 * k
+    server = {n: torch.zeros_like(c) for n, c in before.records[0]["c"].items()}
+    corrected = 0
+    for index, (rec, stored) in enumerate(zip(before.records, after.client_controls)):
+        round_idx = index // 2
+        taken = lrs[round_idx * k : (round_idx + 1) * k]
+        assert sum(taken) != pytest.approx(k * taken[-1], rel=1e-2)  # the last rate times K is not the sum
+        for name, c in server.items():
+            c_plus = rec["c_i"][name] - c + (rec["x"][name] - rec["y"][name]) / sum(taken)
+            torch.testing.assert_close(stored[name], c_plus, rtol=1e-5, atol=1e-6)
+        if momentum:
+            # y <- y - lr_k (c - c_i) after each of the client's steps, at the rate that step took.
+            for step, lr in enumerate(taken):
+                got, stepped = post.steps[index * k + step], pre.steps[index * k + step]
+                for name in server:
+                    expected = stepped[name] - lr * (rec["c"][name] - rec["c_i"][name])
+                    torch.testing.assert_close(got[name], expected, rtol=0, atol=1e-7)
+                    corrected += bool((rec["c"][name] - rec["c_i"][name]).abs().max() > 1e-4)
+        if index % 2 == 1:
+            server = after.server_controls[round_idx]
+    assert not momentum or corrected > 0
 
 
 def test_fp16_loss_scaling_is_refused():

@@ -147,6 +147,40 @@ class HookRecorder(FedCallback):
         self.calls.append(("on_round_end", round_ctx.round_idx))
 
 
+class OneCycleClassifier(BoringClassifier):
+    """:class:`BoringClassifier` under a step-interval OneCycleLR sized by the run's stepping batches, as Lightning's
+    docs size it: the learning rate changes at every step of every client. The momentum stays fixed (no cycling), so
+    ``momentum=0`` is plain SGD."""
+
+    def __init__(self, momentum: float = 0.0, max_lr: float = 0.5) -> None:
+        super().__init__(lr=0.1, momentum=momentum)
+        self.max_lr = max_lr
+        self.total_steps: int | None = None
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+        self.total_steps = self.trainer.estimated_stepping_batches
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=self.max_lr, total_steps=self.total_steps, cycle_momentum=False
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def one_cycle_lrs(total_steps: int, max_lr: float = 0.5) -> list[float]:
+    """The learning rate of each step of a plain (non-federated) OneCycleLR run of ``total_steps`` steps, as
+    :class:`OneCycleClassifier` configures it."""
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=max_lr, total_steps=total_steps, cycle_momentum=False
+    )
+    lrs = []
+    for _ in range(total_steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
 def fast_trainer(tmp_path: Any, **kwargs: Any) -> FederatedTrainer:
     """A quiet CPU trainer writing under ``tmp_path``."""
     defaults: dict[str, Any] = dict(

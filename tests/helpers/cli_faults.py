@@ -1,9 +1,11 @@
 """Components a test config names by class path to make a run meet a fault: bad test labels, a module without
-``configure_optimizers``, a ``training_step`` that raises on one client in one round and modules whose
-optimisation the client loop refuses."""
+``configure_optimizers``, a ``training_step`` that raises on one client in one round, modules whose
+optimisation the client loop refuses and a disk that fills mid-run."""
 
 from __future__ import annotations
 
+import errno
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -84,3 +86,25 @@ class SchedulerClassifier(ClassifierModule):
         if self.monitor is not None:
             config["monitor"] = self.monitor
         return {"optimizer": optimizer, "lr_scheduler": config}
+
+
+class FillDiskOnce(FedCallback):
+    """Fills the file system of ``trainer.default_root_dir`` when the first client of round ``fill_round`` ends (a
+    disk that fills mid-run), once: ``marker`` (outside that file system) records that it did, so that the resumed
+    run and a reference run, configured alike, train undisturbed."""
+
+    def __init__(self, marker: str, fill_round: int = 2) -> None:
+        self.marker, self.fill_round = Path(marker), fill_round
+
+    def on_client_end(self, trainer: Any, pl_module: LightningModule, client_ctx: Any, update: Any) -> None:
+        if client_ctx.round_idx != self.fill_round or self.marker.exists():
+            return
+        self.marker.write_text("filled")
+        try:
+            with (Path(trainer.default_root_dir) / "filler").open("ab") as filler:
+                while True:
+                    filler.write(bytes(1 << 16))
+                    filler.flush()
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise

@@ -1,5 +1,11 @@
 """Real Flower processes for the deployment tests: a SuperLink, SuperNodes and ``flwr run``, offline, on loopback.
 
+Flower's executables (``flower-superlink``, ``flower-supernode``, ``flwr``) are taken from beside this interpreter
+first (a virtual environment's ``bin/``, whether activated or not), then from ``PATH``; a test without them is skipped
+naming where they were looked for, and each process's log starts with the command that ran. The interpreter's
+directory also leads each process's ``PATH``, so the processes Flower starts itself (``flower-superexec``,
+``flwr-serverapp``, ``flwr-clientapp``) come from the same environment.
+
 Everything runs offline: ``FLWR_HOME`` in the test's directory, telemetry and the update check off, and no runtime
 dependency installation (the SuperLink's ``--disable-runtime-dependency-installation``; a SuperNode's is off by
 default). Each Flower process starts in its own session and is ended, or killed, with every process it started: by
@@ -12,17 +18,39 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
+
+#: Where the environment of this interpreter keeps its console scripts (not resolved: a venv's python is a link).
+INTERPRETER_BIN = Path(sys.executable).parent
+
+
+def flower_executable(name: str) -> str:
+    """The path of Flower's executable ``name``: beside this interpreter, else on ``PATH``; skips the test when
+    neither has it."""
+    beside = INTERPRETER_BIN / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which(name)
+    if found is not None:
+        return found
+    pytest.skip(
+        f"Flower's `{name}` is neither beside this interpreter ({INTERPRETER_BIN}) nor on PATH: install the `flower`"
+        " extra into this interpreter's environment (pip install -e '.[flower]')"
+    )
 
 
 def free_port() -> int:
@@ -39,6 +67,8 @@ def flower_env(home: Path) -> dict[str, str]:
         FLWR_TELEMETRY_ENABLED="0",
         FLWR_DISABLE_UPDATE_CHECK="1",
         WANDB_MODE="offline",
+        # Flower starts processes of its own by name (flower-superexec, flwr-serverapp): from this environment.
+        PATH=os.pathsep.join([str(INTERPRETER_BIN), *filter(None, [os.environ.get("PATH")])]),
         # The ServerApp and ClientApp processes import this checkout's lightning_fed.
         PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
     )
@@ -60,6 +90,8 @@ class Processes:
 
     def start(self, name: str, *command: str) -> subprocess.Popen[bytes]:
         with (self.logs / f"{name}.log").open("ab") as log:
+            log.write(f"$ {shlex.join(command)}\n".encode())  # which executable ran
+            log.flush()
             process = subprocess.Popen(
                 command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.logs
             )
@@ -123,7 +155,7 @@ def start_superlink(
 ) -> subprocess.Popen[bytes]:
     """Starts ``flower-superlink`` on ``port`` (its APIs and health endpoint) and waits until its health endpoint
     answers."""
-    command = ["flower-superlink", "--insecure", "--disable-runtime-dependency-installation"]
+    command = [flower_executable("flower-superlink"), "--insecure", "--disable-runtime-dependency-installation"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--database", str(database)]
     superlink = processes.start("superlink", *command, *(["--simulation"] if simulation else []))
     deadline = time.monotonic() + timeout
@@ -142,7 +174,7 @@ def start_supernode(processes: Processes, superlink_port: int, site: int, state_
     """Starts the SuperNode of site ``site``: it serves client ``site`` and keeps its state in ``state_dir``."""
     return processes.start(
         f"supernode-{site}",
-        "flower-supernode",
+        flower_executable("flower-supernode"),
         "--insecure",
         "--superlink",
         f"127.0.0.1:{superlink_port}",
@@ -166,7 +198,7 @@ def write_connection(home: Path, name: str, port: int, simulation: bool = False,
 
 def flwr_run_command(app: Path, connection: str, run_config: str) -> list[str]:
     """``flwr run`` of ``app`` that streams the ServerApp's log and returns when the run ends."""
-    return ["flwr", "run", str(app), connection, "--run-config", run_config, "--stream"]
+    return [flower_executable("flwr"), "run", str(app), connection, "--run-config", run_config, "--stream"]
 
 
 def flwr_run(env: dict[str, str], app: Path, connection: str, run_config: str, timeout: float) -> float:
@@ -184,7 +216,7 @@ def flwr_run(env: dict[str, str], app: Path, connection: str, run_config: str, t
         start_new_session=True,
     )
     output = done.stdout.decode(errors="replace")
-    (app.parent / "flwr-run.log").write_text(output)
+    (app.parent / "flwr-run.log").write_text(f"$ {shlex.join(done.args)}\n{output}")
     assert done.returncode == 0, output[-4000:]
     return time.monotonic() - start
 

@@ -35,7 +35,7 @@ from lightning_fed.engine.batched.support import (
 )
 from lightning_fed.engine.dispatch import HookDispatcher
 from lightning_fed.engine.log_buffer import batch_size_of
-from lightning_fed.engine.step_counter import StepCounter
+from lightning_fed.engine.step_counter import StepCounter, record_step_sizes
 from lightning_fed.engine.training_step import client_batches, loss_of
 from lightning_fed.functional.stacked_optim import StackedHyperparameters, hyperparameters, stacked_step_
 from lightning_fed.functional.state_dict import StateDict, finite_rows
@@ -209,8 +209,10 @@ class _GroupRun:
             if index is not None:
                 for name, value in params.items():
                     self.stacked[name].index_copy_(0, index, value.detach())
+        lrs = [hp.lr for hp, _ in self.param_groups]
         for i in members:
             self.group.contexts[i].num_steps += 1
+            record_step_sizes(self.group.contexts[i], lrs)
         self.owner.steps.add(len(members))
 
     def _forward(
