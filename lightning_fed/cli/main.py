@@ -175,7 +175,7 @@ class FederatedCLI(LightningCLI):
         included), so a ``--ckpt_path`` file would silently override the command line (``--model.init_args.lr``),
         defeat the fingerprint check that refuses a changed configuration, and let the checkpoint choose which
         module is imported. Here the command line and the config win, and a file resumes under the same rules as a
-        run id (:func:`lightning_fed.run.resume.resolve_ckpt_path`). ``tests/test_lightning_canary.py`` fails if
+        run id (:func:`lightning_fed.run.resume.resolve_ckpt_path`). ``tests/engine/test_lightning_canary.py`` fails if
         Lightning stops calling this method, or calls it under another name.
         """
 

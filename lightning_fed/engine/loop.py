@@ -4,8 +4,8 @@ client half apart from the server (a deployment's site) answers tasks inside one
 This is the only module that touches Lightning's private loop API (``_TrainingEpochLoop`` and its progress
 trackers). Lightning 2.x removed the public loop-customisation API; replacing ``trainer.fit_loop.epoch_loop`` keeps
 everything else of ``Trainer.fit``: epoch hooks, the validation loop, ModelCheckpoint and EarlyStopping, LR
-schedulers stepped per epoch (= per round), loggers, and checkpoint save/restore. ``tests/test_lightning_canary.py``
-fails loudly if these internals move.
+schedulers stepped per epoch (= per round), loggers, and checkpoint save/restore.
+``tests/engine/test_lightning_canary.py`` fails loudly if these internals move.
 
 It also owns SIGTERM while the rounds run (:class:`SigtermWatch`): a signal stops the fit at the next client
 boundary, where every rank agrees to stop, instead of wherever Lightning's own checks would see it.

@@ -108,4 +108,3 @@ def test_one_supernode_serving_three_clients_equals_the_fit(tmp_path):
     assert_close_states(model, fitted_model(config, tmp_path / "fit"))
     # One worker answered all three clients.
     assert len(list(state_dir.glob("worker-*.pid"))) == 1
-

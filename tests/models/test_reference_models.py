@@ -175,7 +175,7 @@ def test_reference_models_reject_bad_arguments(factory, name: str) -> None:
         factory()
 
 
-# FedProx runs through the CLI in tests/test_reference_presets.py. SCAFFOLD, FedCurv and rFedAvg (v1, whose δ come
+# FedProx runs through the CLI in tests/cli/test_reference_presets.py. SCAFFOLD, FedCurv and rFedAvg (v1, whose δ come
 # from the clients' own models) keep per-client state and compose, so one fit checks all three from round 2 on.
 ALGORITHMS = {
     "scaffold+fedcurv+rfedavg": lambda: (

@@ -434,7 +434,7 @@ SUBPROCESS_CASES = [
 @pytest.mark.parametrize(("args", "expected"), SUBPROCESS_CASES, ids=[case[1] for case in SUBPROCESS_CASES])
 def test_console_shows_no_traceback(args, expected, setup_files):
     root, _, config, _ = setup_files
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "WANDB_MODE": "offline"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "WANDB_MODE": "offline"}
     env.pop(TRACEBACK_ENV, None)
     result = subprocess.run(
         [sys.executable, "-m", "lightning_fed.cli.main", "fit", "--config", str(config)]
@@ -452,7 +452,7 @@ def test_console_shows_no_traceback(args, expected, setup_files):
 
 
 def _cli(*args):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "WANDB_MODE": "offline"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "WANDB_MODE": "offline"}
     env.pop(TRACEBACK_ENV, None)
     # main() itself rather than `-m lightning_fed.cli.main`, whose runpy warning would be stderr's first line.
     command = [sys.executable, "-c", "from lightning_fed.cli.main import main; main()", *args]

@@ -171,7 +171,7 @@ def test_plan_rotates_three_sides_so_each_takes_every_place_once_in_three_repeat
 
 
 def test_every_flower_api_has_a_script_beside_the_driver():
-    here = Path(__file__).resolve().parents[1] / "benchmarks"
+    here = Path(__file__).resolve().parents[2] / "benchmarks"
     assert sorted(FLOWER_APIS) == ["message", "numpyclient"]
     for script, _ in FLOWER_APIS.values():
         assert (here / script).is_file()

@@ -9,11 +9,11 @@ from lightning_fed.cli.main import FederatedCLI
 
 # W&B sweep files (`*.sweep.yaml`) drive `lightning-fed fit`; they are not CLI configs themselves.
 CONFIGS = sorted(
-    p for p in (Path(__file__).parents[1] / "configs").rglob("*.yaml") if not p.name.endswith(".sweep.yaml")
+    p for p in (Path(__file__).parents[2] / "configs").rglob("*.yaml") if not p.name.endswith(".sweep.yaml")
 )
 # Composable presets are a setting file followed by a method file; a method file alone is not a config.
 # Each folder of them maps to the setting its method files are checked on, and the setting files themselves.
-CONFIG_ROOT = Path(__file__).parents[1] / "configs"
+CONFIG_ROOT = Path(__file__).parents[2] / "configs"
 PERSONALIZED = CONFIG_ROOT / "fmnist" / "personalized"
 FMNIST_CLAIMS = CONFIG_ROOT / "experiments" / "fmnist"
 COMPOSABLE = {
@@ -35,7 +35,7 @@ def config_args(config: Path) -> list[str]:
     return ["--config", str(config)]
 
 
-QUICKSTART = Path(__file__).parents[1] / "configs" / "quickstart.yaml"
+QUICKSTART = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))

@@ -23,7 +23,7 @@ from lightning_fed import FedCallback, FederatedTrainer
 from lightning_fed.trainer import FitInterrupted
 
 LINE = "lightning-fed: interrupted by SIGTERM after round {}; resume with --ckpt_path last"
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 
 
 def _sigterm_lines(stderr: str) -> list[str]:

@@ -22,7 +22,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 # What a build reads besides docs/: the pages generated from top-level files, and the package for the API pages.
 BUILD_INPUTS = ("mkdocs.yml", "docs", "README.md", "REPRODUCTION.md", "PROTOCOL.md", "ARCHITECTURE.md")
 API_PAGES = {

@@ -9,7 +9,7 @@ from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_
 
 from lightning_fed import ClientContext, ClientStateStore, FedAvg
 
-PAGE = Path(__file__).parents[1] / "docs" / "writing-an-algorithm.md"
+PAGE = Path(__file__).parents[2] / "docs" / "writing-an-algorithm.md"
 
 
 def _example_namespace() -> dict:

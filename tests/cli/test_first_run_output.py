@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 
 # What a first run printed before: each came from how lightning_fed called Lightning, W&B or torch.
 NOTICES = {

@@ -13,7 +13,7 @@ from helpers.tiny_data import write_cifar10, write_femnist, write_sent140, write
 
 from lightning_fed.cli.main import FederatedCLI
 
-CONFIGS = Path(__file__).parents[1] / "configs"
+CONFIGS = Path(__file__).parents[2] / "configs"
 FEDPROX = "trainer:\n  callbacks:\n    - class_path: lightning_fed.callbacks.FedProx\n      init_args: {mu: 0.01}\n"
 
 

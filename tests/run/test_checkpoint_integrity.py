@@ -21,7 +21,7 @@ from lightning_fed.run.integrity import CorruptCheckpointError, read_checkpoint
 from lightning_fed.run.lock import LOCK_NAME, RunLock, RunLockedError
 from lightning_fed.run.resume import ResumeError
 
-HOLD_SCRIPT = Path(__file__).parent / "helpers" / "hold_run.py"
+HOLD_SCRIPT = Path(__file__).parents[1] / "helpers" / "hold_run.py"
 
 
 def _fit(root, lr=0.1, ckpt_path=None, **kwargs):

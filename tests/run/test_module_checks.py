@@ -1,5 +1,5 @@
 """Module checks run before a fit writes anything, each with one line; building the optimizers early leaves no
-trace on the run. (The CLI's cases are in ``tests/test_invalid_inputs.py``.)"""
+trace on the run. (The CLI's cases are in ``tests/cli/test_invalid_inputs.py``.)"""
 
 import random
 from typing import Any

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"
 REPRODUCTION_PAGE = ROOT / "docs" / "reproduction" / "index.md"
 

@@ -14,7 +14,7 @@ from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
 from lightning_fed.loggers import WandbLogger
 from lightning_fed.run import identity as run_identity
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 SWEEP_BASE = ROOT / "configs" / "sweeps" / "mnist1d_fedavg.yaml"
 SWEEP = ROOT / "configs" / "sweeps" / "fedavg_lr_seed.sweep.yaml"
 

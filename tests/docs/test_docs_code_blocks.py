@@ -7,7 +7,7 @@
   blocks that would train for minutes or need data that tests do not download.
 * A YAML block is parsed. One that is a LightningCLI config (top-level ``trainer``, ``model`` or ``data``) is laid
   over ``configs/quickstart.yaml`` (a section naming another ``class_path`` replaces the quickstart's) and built by
-  ``lightning-fed``'s own parser, as the presets are in ``tests/test_cli.py``.
+  ``lightning-fed``'s own parser, as the presets are in ``tests/cli/test_cli.py``.
 * Every ``configs/...yaml`` and ``benchmarks/...`` path the pages name exists.
 """
 
@@ -28,7 +28,7 @@ import yaml
 from lightning_fed import FederatedTrainer
 from lightning_fed.cli.main import FederatedCLI
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 CLI_SECTIONS = {"trainer", "model", "data"}
