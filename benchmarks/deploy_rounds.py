@@ -10,9 +10,9 @@ global test accuracy and loss of both, and where a deployed round's time goes:
   ``lightning_fed.deploy.flower`` in a fresh interpreter; measured here, median of 3);
 * the rest is Flower: its polls (``Grid.send_and_receive`` polls every 3 s in deployment) and process starts.
 
-Usage::
+Usage (``--secagg``: the app under Flower's SecAgg+)::
 
-    python benchmarks/deploy_rounds.py --out /tmp/deploy-rounds
+    OMP_NUM_THREADS=1 python benchmarks/deploy_rounds.py --out /tmp/deploy-rounds [--secagg]
 
 Needs the ``flower`` extra and Flower's executables beside this Python (or on ``PATH``).
 """
@@ -78,6 +78,7 @@ def _clientapp_import_s() -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="an empty working directory")
+    parser.add_argument("--secagg", action="store_true", help="the app under Flower's SecAgg+ (`flower-app --secagg`)")
     args = parser.parse_args(argv)
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     env.update(FLWR_DISABLE_UPDATE_CHECK="1", WANDB_MODE="offline", PYTHONPATH=str(ROOT))
     configs = ["--config", str(ROOT / "configs/quickstart.yaml"), "--config", str(out / "deploy.yaml")]
     fed = [_tool("lightning-fed")]
-    subprocess.run([*fed, "flower-app", *configs, "--out", str(out / "app")], check=True, env=env, cwd=out)
+    secagg = ["--secagg"] if args.secagg else []
+    subprocess.run([*fed, "flower-app", *configs, "--out", str(out / "app"), *secagg], check=True, env=env, cwd=out)
     port = _free_port()
     (out / "flwr-home").mkdir(exist_ok=True)
     (out / "flwr-home" / "config.toml").write_text(
@@ -157,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
         json.dumps(
             {
                 "date": time.strftime("%Y-%m-%d"),
+                "secagg": args.secagg,
+                "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                 "deployed_round_s": [round(r["time/round_s"], 2) for r in deployed],
                 "simulated_round_s": [round(r["time/round_s"], 2) for r in simulated],
                 "deployed_total_s": round(deployed_s, 1),
