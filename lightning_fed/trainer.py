@@ -27,7 +27,7 @@ from lightning_fed.parallel import distributed
 from lightning_fed.parallel.distributed import check_world_size
 from lightning_fed.run.checkpoint_state import federated_checkpoint, restore_federated_checkpoint
 from lightning_fed.run.fingerprint import Fingerprint, experiment_fingerprint
-from lightning_fed.run.identity import new_run_dir, open_run
+from lightning_fed.run.identity import continue_last_checkpoints, new_run_dir, open_run
 from lightning_fed.run.lock import RunLock
 from lightning_fed.run.module_checks import check_lightning_package, check_optimization_setup
 from lightning_fed.run.reporting import RunReporter, publish_figure, resolve_run_dir
@@ -414,6 +414,8 @@ class FederatedTrainer(Trainer):
         self.aggregator.setup(self)
         # Rank 0 named the run (every rank drew its own id): all ranks report the same directory.
         self.session.run_dir = Path(self.strategy.broadcast(str(resolve_run_dir(self))))
+        if self.session.restored:
+            continue_last_checkpoints(self.session.run_checkpoints)
         self.session.reporter = RunReporter(self)
         self.session.reporter.on_fit_start()
 
