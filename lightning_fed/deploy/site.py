@@ -221,8 +221,10 @@ class ClientSite:
         trainer.task = task
         # Training starts from the client's newest round that the server folded and committed; an evaluation after
         # round r from the newest it folded (round r's pending version, if the server folded the client's reply).
-        read = store.latest if task.evaluate else store.load
-        trainer.client_state = read(task.committed_round)
+        if task.evaluate:
+            trainer.client_state = store.latest(task.committed_round)
+        else:
+            trainer.client_state = store.load(task.committed_round, task.resumable_from)
         trainer.fit(module, datamodule=datamodule)
         if trainer.reply is None:
             raise RuntimeError(

@@ -23,7 +23,7 @@ import torch
 from lightning_fed.functional.state_dict import StateDict
 
 #: The version of the message layout; a site and a server must agree on it.
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 
 
 @dataclass
@@ -44,7 +44,11 @@ class RoundTask:
             (``-1``: none; an evaluation task's may be its own round, folded but not yet checkpointed); the site
             continues from its version of that round and drops newer ones (the server resumed from before them, or
             never folded their replies).
-        run_id: The server's run id, for the site's logs.
+        resumable_from: The oldest round that a checkpoint the server keeps holds: a resume that falls back to it
+            (the newer ones corrupt) names the client's version of that round, so the site keeps the newest version
+            at or before it and every version after it. ``-1``: the server cannot tell which rounds its checkpoints
+            hold (a checkpoint callback that does not monitor ``epoch``), and the site keeps every committed
+            version; ``None``: the server keeps no checkpoint, and the site keeps only the committed one.
         fingerprint: The server's experiment fingerprint without its data settings and seed
             (:func:`~lightning_fed.deploy.algorithms.algorithm_fingerprint`); a site built from another
             configuration refuses the task.
@@ -65,6 +69,7 @@ class RoundTask:
     broadcast: dict[str, dict[str, Any]] = field(default_factory=dict)
     schedulers: list[Any] = field(default_factory=list)
     committed_round: int = -1
+    resumable_from: int | None = None
     run_id: str = ""
     fingerprint: dict[str, Any] = field(default_factory=dict)
     evaluate: bool = False
