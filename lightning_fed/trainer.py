@@ -36,6 +36,7 @@ from lightning_fed.run.resume import (
     resolve_ckpt_path,
     warn_allowed_changes,
 )
+from lightning_fed.run.resumed_settings import reapply_configured_optimizers
 from lightning_fed.run.session import RunSession
 from lightning_fed.run.setup_checks import (
     EPOCH_ARGS,
@@ -240,7 +241,7 @@ class FederatedTrainer(Trainer):
         fingerprint = experiment_fingerprint(self, model, datamodule)
         target = resolve_ckpt_path(self, ckpt_path, fingerprint)
         warn_allowed_changes(target)
-        self.session.start(fingerprint, restored=target.checkpoint is not None)
+        self.session.start(fingerprint, restored=target.checkpoint is not None, changes=target.changes)
         run_dir = Path(self.run_dir) if self.run_dir else target.run_dir or new_run_dir(self)
         open_run(self, run_dir, self.session.run_checkpoints)
         # One writer per run directory; the ranks of one fit share it (the rank is known from the environment).
@@ -416,6 +417,11 @@ class FederatedTrainer(Trainer):
         self.session.run_dir = Path(self.strategy.broadcast(str(resolve_run_dir(self))))
         if self.session.restored:
             continue_last_checkpoints(self.session.run_checkpoints)
+        configured = self.session.configured_optimizers
+        if configured is not None:
+            # An allowed change of the module's settings (model.lr) is what the optimizers step with from now on.
+            reapply_configured_optimizers(self, configured)
+            self.session.configured_optimizers = None
         self.session.reporter = RunReporter(self)
         self.session.reporter.on_fit_start()
 

@@ -83,11 +83,6 @@ def test_an_allowed_change_resumes_with_the_command_line_value(finished, capsys)
     assert resumed["loops"]["fit_loop"]["epoch_loop.state_dict"]["federated"]["fingerprint"]["model.lr"] == 0.2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Lightning restores the optimizer's param_groups (lr 0.05) from the checkpoint over configure_optimizers'"
-    " (0.2), so an allowed lr change is reported but not trained with; the same for a run id (not a CLI matter).",
-)
 def test_an_allowed_lr_change_is_the_lr_the_optimizer_steps_with(finished, capsys):
     args, _, run_dir, _ = finished
     resumed = _resume_with_allowed_lr(args, run_dir, capsys)
