@@ -232,6 +232,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> str:
     """Runs the matrix, prints the markdown table and returns it."""
     args = parse_args(argv)
+    # main() also runs inside a caller's process (the test suite): the thread count is the process's, given back.
+    threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -241,8 +243,11 @@ def main(argv: Sequence[str] | None = None) -> str:
         f" seeds {args.seeds}; final global test accuracy (mean over seeds)",
         flush=True,
     )
-    with tempfile.TemporaryDirectory(prefix="lightning_fed_robustness_") as root:
-        results, _, loads = run_matrix(args, root)
+    try:
+        with tempfile.TemporaryDirectory(prefix="lightning_fed_robustness_") as root:
+            results, _, loads = run_matrix(args, root)
+    finally:
+        torch.set_num_threads(threads)
     table = markdown_table(results, sorted(set(args.fractions)), args.attacks)
     print(f"\n{table}\n\n{footnote(loads)}\nTotal time: {time.perf_counter() - started:.0f} s", flush=True)
     return table

@@ -52,6 +52,12 @@ class ClientTask:
         committed_round: For a task that crosses to a site, its client's newest round whose reply the server folded
             and whose checkpoint is written (``-1``: none; an evaluation task's may be its own round, folded but not
             yet checkpointed): the site continues from its version of that round and drops newer ones.
+        resumable_from: For a task that crosses to a site, the oldest round that a checkpoint the server keeps holds:
+            a resume that falls back to it (the newer ones corrupt) names the client's version of that round, so the
+            site keeps the newest version at or before it and every version after it. ``-1``: the server cannot tell
+            which rounds its checkpoints hold (a checkpoint callback that does not monitor ``epoch``), and the site
+            keeps every committed version; ``None``: the server keeps no checkpoint, and the site keeps only the
+            committed one.
         run_id: The server's run id, for the site's logs.
         fingerprint: The server's experiment fingerprint without its data settings and seed; a site built from
             another configuration refuses the task (empty: not checked).
@@ -70,6 +76,7 @@ class ClientTask:
     broadcast: dict[str, dict[str, Any]] | None = None
     schedulers: list[Any] = field(default_factory=list)
     committed_round: int = -1
+    resumable_from: int | None = -1
     run_id: str = ""
     fingerprint: dict[str, Any] = field(default_factory=dict)
     evaluate: bool = False

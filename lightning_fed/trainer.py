@@ -32,7 +32,7 @@ from lightning_fed.parallel import distributed
 from lightning_fed.parallel.distributed import check_world_size
 from lightning_fed.run.checkpoint_state import federated_checkpoint, restore_federated_checkpoint
 from lightning_fed.run.fingerprint import Fingerprint, experiment_fingerprint
-from lightning_fed.run.identity import new_run_dir, open_run
+from lightning_fed.run.identity import continue_last_checkpoints, new_run_dir, open_run
 from lightning_fed.run.lock import RunLock
 from lightning_fed.run.module_checks import check_lightning_package, check_optimization_setup
 from lightning_fed.run.reporting import RunReporter, publish_figure, resolve_run_dir
@@ -41,6 +41,7 @@ from lightning_fed.run.resume import (
     resolve_ckpt_path,
     warn_allowed_changes,
 )
+from lightning_fed.run.resumed_settings import reapply_configured_optimizers
 from lightning_fed.run.session import RunSession
 from lightning_fed.run.setup_checks import (
     EPOCH_ARGS,
@@ -245,7 +246,7 @@ class FederatedTrainer(Trainer):
         fingerprint = experiment_fingerprint(self, model, datamodule)
         target = resolve_ckpt_path(self, ckpt_path, fingerprint)
         warn_allowed_changes(target)
-        self.session.start(fingerprint, restored=target.checkpoint is not None)
+        self.session.start(fingerprint, restored=target.checkpoint is not None, changes=target.changes)
         run_dir = Path(self.run_dir) if self.run_dir else target.run_dir or new_run_dir(self)
         open_run(self, run_dir, self.session.run_checkpoints)
         # One writer per run directory; the ranks of one fit share it (the rank is known from the environment).
@@ -419,6 +420,13 @@ class FederatedTrainer(Trainer):
         self.aggregator.setup(self)
         # Rank 0 named the run (every rank drew its own id): all ranks report the same directory.
         self.session.run_dir = Path(self.strategy.broadcast(str(resolve_run_dir(self))))
+        if self.session.restored:
+            continue_last_checkpoints(self.session.run_checkpoints)
+        configured = self.session.configured_optimizers
+        if configured is not None:
+            # An allowed change of the module's settings (model.lr) is what the optimizers step with from now on.
+            reapply_configured_optimizers(self, configured)
+            self.session.configured_optimizers = None
         self.session.reporter = RunReporter(self)
         self.session.reporter.on_fit_start()
 

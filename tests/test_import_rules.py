@@ -163,12 +163,33 @@ def test_no_run_time_import_cycle():
     )
 
 
-def test_every_module_imports_in_a_fresh_process():
-    """Every module, imported one after the other in a fresh interpreter (one per module would take minutes)."""
+#: The packages that import an extra's distribution: ``{package: (the distribution's import name, the extra)}``.
+#: Their modules import where the extra is installed; every other module must import without any extra.
+EXTRA_PACKAGES = {"lightning_fed.deploy.flower": ("flwr", "flower")}
+
+
+def _of_an_extra(name: str) -> str | None:
+    return next((package for package in EXTRA_PACKAGES if name == package or name.startswith(package + ".")), None)
+
+
+def _import_in_a_fresh_process(names: list[str]) -> None:
+    """Imports ``names`` one after the other in a fresh interpreter (one per module would take minutes)."""
     code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
-    names = sorted(_modules())
     result = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+def test_every_module_imports_in_a_fresh_process():
+    """Every module but those of an extra's package (:data:`EXTRA_PACKAGES`): the README's install, ``[test]``
+    only, imports them all."""
+    _import_in_a_fresh_process([name for name in sorted(_modules()) if _of_an_extra(name) is None])
+
+
+@pytest.mark.parametrize("package", sorted(EXTRA_PACKAGES))
+def test_every_module_of_an_extra_imports_where_it_is_installed(package):
+    distribution, extra = EXTRA_PACKAGES[package]
+    pytest.importorskip(distribution, reason=f"{package} needs the `{extra}` extra: pip install -e '.[{extra}]'")
+    _import_in_a_fresh_process([name for name in sorted(_modules()) if _of_an_extra(name) == package])
 
 
 def test_layers_contract():

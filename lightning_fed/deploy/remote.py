@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import LightningModule
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_fed.deploy.algorithms import algorithm_fingerprint
 from lightning_fed.deploy.secure_sum import rebuild_sums, split_round_state
@@ -138,6 +139,7 @@ class RemoteClients:
             view: Any = trainer
             self._configuration = algorithm_fingerprint(view, self.module, getattr(view, "fed_fingerprint", None))
         broadcast_state, run_id = broadcast(trainer), str(getattr(trainer, "fed_run_id", None) or "")
+        resumable_from = oldest_checkpointed_round(self.module.trainer)
         return [
             ClientTask(
                 round_idx=round_idx,
@@ -151,6 +153,7 @@ class RemoteClients:
                 # The client's newest folded round: committed, as the server checkpoints every round before the next
                 # one starts (the deployment's ModelCheckpoint); an evaluation follows its own round's fold.
                 committed_round=state.store.get(FOLDED, client_id, -1),
+                resumable_from=resumable_from,
                 run_id=run_id,
                 fingerprint=self._configuration,
                 evaluate=evaluate,
@@ -158,6 +161,25 @@ class RemoteClients:
             )
             for client_id in client_ids
         ]
+
+
+def oldest_checkpointed_round(trainer: Any) -> int | None:
+    """The oldest round that a checkpoint the server keeps holds, for the sites to keep the versions it names.
+
+    A ``ModelCheckpoint`` that monitors ``epoch`` (the default one, which keeps the last two rounds) knows the round
+    of each file it keeps (its ``best_k_models`` scores). Any other checkpoint callback keeps files of rounds that
+    cannot be told without reading them: ``-1``, and the sites keep every committed version. ``None`` without
+    checkpoints: only the newest committed version can ever be resumed from.
+    """
+    callbacks = [callback for callback in trainer.checkpoint_callbacks if isinstance(callback, ModelCheckpoint)]
+    if not callbacks:
+        return None
+    rounds: list[int] = []
+    for callback in callbacks:
+        if callback.monitor != "epoch":
+            return -1
+        rounds += [int(score) for score in callback.best_k_models.values()]
+    return min(rounds) if rounds else None
 
 
 def remote_clients(transport: Transport) -> ClientSideFactory:
@@ -171,4 +193,4 @@ def remote_clients(transport: Transport) -> ClientSideFactory:
     return build
 
 
-__all__ = ["FOLDED", "RemoteClients", "remote_clients"]
+__all__ = ["FOLDED", "RemoteClients", "oldest_checkpointed_round", "remote_clients"]

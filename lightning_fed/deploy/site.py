@@ -283,8 +283,11 @@ class ClientSite:
         store = SiteStateStore(self.state_dir, task.client_id)
         # Training starts from the client's newest round that the server folded and committed; an evaluation after
         # round r from the newest it folded (round r's pending version, if the server folded the client's reply).
-        read = store.latest if task.evaluate else store.load
-        job = self._worker.run(_Job(task, read(task.committed_round)))
+        if task.evaluate:
+            client_state = store.latest(task.committed_round)
+        else:
+            client_state = store.load(task.committed_round, task.resumable_from)
+        job = self._worker.run(_Job(task, client_state))
         assert job.reply is not None
         if task.client_id not in job.reply.rejected and job.state_written and (job.client_state or store.versions()):
             store.save(task.round_idx, job.client_state)

@@ -10,7 +10,10 @@ site that sees it
 * deletes the versions after it: they belong to rounds the server will run again after a resume, or to a reply the
   server never folded (the site was killed after its write, or replied too late: the server left the client out, as
   simulation rejecting it would), so a deployment trains every client from exactly the state the server absorbed,
-* and deletes the versions before the one it keeps, which no resume can go back to.
+* and deletes the older versions that no checkpoint the server keeps can name. A checkpoint of round ``q`` names
+  the client's newest version at or before ``q``; the task says the oldest round a kept checkpoint holds
+  (``resumable_from``), so the site keeps the newest version at or before it and the versions after it: a resume
+  that falls back to an older checkpoint (the newest is corrupt) finds the client's state of that checkpoint.
 
 Files are written atomically (:func:`~lightning_fed.utilities.atomic.atomic_write`), so a site killed mid-write keeps
 its previous versions intact.
@@ -40,7 +43,7 @@ class SiteStateStore:
     Example::
 
         store = SiteStateStore("site-state", client_id=3)
-        state = store.load(committed_round=4)  # {} before the client's first round
+        state = store.load(committed_round=4, resumable_from=3)  # {} before the client's first round
         store.save(round_idx=5, state={"scaffold": {...}})
     """
 
@@ -55,16 +58,21 @@ class SiteStateStore:
         rounds = (_VERSION_FILE.fullmatch(path.name) for path in self.directory.iterdir())
         return sorted(int(match.group(1)) for match in rounds if match)
 
-    def load(self, committed_round: int) -> dict[str, Any]:
+    def load(self, committed_round: int, resumable_from: int | None = None) -> dict[str, Any]:
         """The client's state as of the server's newest checkpoint, ``{namespace: value}`` (empty if none).
 
-        Deletes the versions after ``committed_round`` (a resumed server runs those rounds again) and those older
-        than the version it returns.
+        Deletes the versions after ``committed_round`` (a resumed server runs those rounds again) and the older ones
+        that no checkpoint the server keeps can name: those before the newest version at or before
+        ``resumable_from`` (the oldest round a kept checkpoint holds; ``None``: ``committed_round``, the server keeps
+        no other; ``-1``: unknown, every committed version is kept).
         """
         rounds = self.versions()
         kept = [r for r in rounds if r <= committed_round]
+        floor = committed_round if resumable_from is None else min(resumable_from, committed_round)
+        named = [r for r in kept if r <= floor]
+        oldest = named[-1] if named else None
         for round_idx in rounds:
-            if round_idx > committed_round or (kept and round_idx < kept[-1]):
+            if round_idx > committed_round or (oldest is not None and round_idx < oldest):
                 self._path(round_idx).unlink(missing_ok=True)
         return self._read(kept[-1]) if kept else {}
 

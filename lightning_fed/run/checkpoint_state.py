@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lightning_fed.run.resume import check_restored_fingerprint
+from lightning_fed.run.resumed_settings import changes_module_settings, configured_optimizers
 
 if TYPE_CHECKING:
     from lightning_fed.trainer import FederatedTrainer
@@ -27,6 +28,10 @@ def restore_federated_checkpoint(trainer: FederatedTrainer, state_dict: dict[str
     """Restores what :func:`federated_checkpoint` saved; a checkpoint of another configuration is refused."""
     # `fit` checked the file it was given already; this catches a checkpoint restored by other means.
     check_restored_fingerprint(state_dict.get("fingerprint"), trainer.fed_fingerprint, trainer.resume_allow_changes)
+    # The loops are restored before the optimizers: these are still what `configure_optimizers` built, and a
+    # resume that changed the module's settings puts them back once Lightning has restored the checkpoint's.
+    if changes_module_settings(trainer.session.resume_changes):
+        trainer.session.configured_optimizers = configured_optimizers(trainer)
     trainer.federation_state.load_state_dict(state_dict["state"])
     trainer.aggregator.load_state_dict(state_dict["aggregator"])
     trainer.sampler.load_state_dict(state_dict["sampler"])

@@ -141,11 +141,29 @@ def open_run(trainer: FederatedTrainer, run_dir: Path, checkpoint_callbacks: lis
         place_wandb_run(logger, run_dir, run_id)
 
 
+def continue_last_checkpoints(checkpoint_callbacks: list[ModelCheckpoint]) -> None:
+    """After a restore, points each of the run's checkpoint callbacks at the run's existing ``last`` file, so that
+    the next ``last`` replaces (or relinks) it.
+
+    A checkpoint carries the callback's state as it was when the checkpoint was written, and a round's file is
+    written before ``last`` is: round 0's names no ``last`` file at all. Resumed from it, Lightning takes the run's
+    ``last.ckpt`` for someone else's file and writes ``last-v1.ckpt`` beside it (its version counter) instead.
+    Callbacks that do not save ``last``, or whose ``last`` file does not exist yet, are left as they are.
+    """
+    for callback in checkpoint_callbacks:
+        if not callback.save_last or callback.dirpath is None:
+            continue
+        last = callback.format_checkpoint_name({}, callback.CHECKPOINT_NAME_LAST)
+        if os.path.lexists(last):
+            callback.last_model_path = last
+
+
 __all__ = [
     "CHECKPOINTS_DIR",
     "RUNS_DIR",
     "check_run_ids",
     "checkpoint_dir",
+    "continue_last_checkpoints",
     "logger_run_id",
     "new_run_dir",
     "new_run_id",

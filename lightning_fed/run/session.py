@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_fed.context import RoundResult
 from lightning_fed.run.fingerprint import Fingerprint
+from lightning_fed.run.resumed_settings import ConfiguredOptimizers
 
 if TYPE_CHECKING:
     from lightning_fed.run.reporting import RunReporter
@@ -31,6 +32,10 @@ class RunSession:
         reporter: Sends the fit's rounds to the loggers and the run directory; set when the rounds start.
         last_round_result: The latest round's result in this process.
         summary_path: Where ``summary.json`` was last written (rank 0).
+        resume_changes: The fingerprint keys a resume was allowed to change, with their old and new values.
+        configured_optimizers: What ``configure_optimizers`` built, kept while a resume that changed the module's
+            settings restores the checkpoint, to be put back over the restored optimizers
+            (:mod:`lightning_fed.run.resumed_settings`).
     """
 
     run_checkpoints: list[ModelCheckpoint] = field(default_factory=list)
@@ -40,12 +45,18 @@ class RunSession:
     reporter: RunReporter | None = None
     last_round_result: RoundResult | None = None
     summary_path: Path | None = None
+    resume_changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    configured_optimizers: ConfiguredOptimizers | None = None
 
-    def start(self, fingerprint: Fingerprint, restored: bool) -> None:
-        """Starts a fit: its fingerprint, whether it resumes, and a run directory still to decide (each fit gets its
-        own; a resumed run continues in its own)."""
+    def start(
+        self, fingerprint: Fingerprint, restored: bool, changes: dict[str, tuple[Any, Any]] | None = None
+    ) -> None:
+        """Starts a fit: its fingerprint, whether it resumes (and the changes it was allowed), and a run directory
+        still to decide (each fit gets its own; a resumed run continues in its own)."""
         self.fingerprint = fingerprint
         self.restored = restored
+        self.resume_changes = dict(changes or {})
+        self.configured_optimizers = None
         self.run_dir = None
 
 

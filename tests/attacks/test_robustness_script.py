@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 # The script belongs to the repository checkout, not to the installed library (see tests/reproduce/conftest.py).
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -24,27 +25,35 @@ def _fashion_mnist_installed() -> bool:
 
 @pytest.mark.skipif(not _fashion_mnist_installed(), reason="needs the system copy of Fashion-MNIST")
 def test_fedavg_row_runs_and_missing_rules_are_skipped(tmp_path, capsys):
-    table = main(
-        [
-            "--rules",
-            "lightning_fed.aggregators.FedAvg",
-            "lightning_fed.aggregators.NoSuchRule",
-            "--fractions",
-            "0",
-            "0.5",
-            "--attacks",
-            "sign_flip",
-            "alie",
-            "--rounds",
-            "1",
-            "--clients",
-            "2",
-            "--samples-per-client",
-            "40",
-            "--data-dir",
-            str(tmp_path),
-        ]
-    )
+    # main() runs its fits with 1 thread (--threads), then gives this process its own count back: the tests after
+    # this one (their float sums, so their trajectories) must not depend on it having run.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        table = main(
+            [
+                "--rules",
+                "lightning_fed.aggregators.FedAvg",
+                "lightning_fed.aggregators.NoSuchRule",
+                "--fractions",
+                "0",
+                "0.5",
+                "--attacks",
+                "sign_flip",
+                "alie",
+                "--rounds",
+                "1",
+                "--clients",
+                "2",
+                "--samples-per-client",
+                "40",
+                "--data-dir",
+                str(tmp_path),
+            ]
+        )
+        assert torch.get_num_threads() == threads + 1
+    finally:
+        torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert "skipped lightning_fed.aggregators.NoSuchRule: it does not import" in out
     header, _, row = table.splitlines()

@@ -83,11 +83,6 @@ def test_an_allowed_change_resumes_with_the_command_line_value(finished, capsys)
     assert resumed["loops"]["fit_loop"]["epoch_loop.state_dict"]["federated"]["fingerprint"]["model.lr"] == 0.2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Lightning restores the optimizer's param_groups (lr 0.05) from the checkpoint over configure_optimizers'"
-    " (0.2), so an allowed lr change is reported but not trained with; the same for a run id (not a CLI matter).",
-)
 def test_an_allowed_lr_change_is_the_lr_the_optimizer_steps_with(finished, capsys):
     args, _, run_dir, _ = finished
     resumed = _resume_with_allowed_lr(args, run_dir, capsys)
@@ -110,3 +105,42 @@ def test_a_checkpoint_never_chooses_the_class_to_import(finished, tmp_path, caps
     assert not marker.exists() and "lf_chosen_by_checkpoint" not in sys.modules
     for saved in (root / "runs").glob("*/config.yaml"):
         assert yaml.safe_load(saved.read_text())["model"]["class_path"] == "lightning_fed.models.ClassifierModule"
+
+
+#: A ModelCheckpoint of the user's, given no directory (the run's `checkpoints/`), with Lightning's defaults
+#: otherwise: `save_last=True` writes `last.ckpt` as a file, and the version counter is on.
+USER_CHECKPOINT = [
+    "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+    "--trainer.callbacks.init_args.filename=round{epoch:04d}",
+    "--trainer.callbacks.init_args.auto_insert_metric_name=false",
+    "--trainer.callbacks.init_args.monitor=epoch",
+    "--trainer.callbacks.init_args.mode=max",
+    "--trainer.callbacks.init_args.save_top_k=2",
+    "--trainer.callbacks.init_args.save_last=true",
+]
+
+
+@pytest.mark.parametrize("callback", [[], USER_CHECKPOINT], ids=["default_checkpoint", "user_checkpoint"])
+def test_a_kept_round_file_resumes_in_its_run_and_continues_last(tmp_path, capsys, callback):
+    """``--ckpt_path <run>/checkpoints/round0000.ckpt`` of a run whose newest round is 1: the run continues in its
+    directory and ``last.ckpt`` is the newest round again, with no ``last-v1.ckpt`` beside the kept files (round 0's
+    checkpoint was saved before ``last.ckpt`` existed, so the state it restores names no last file)."""
+    config = tmp_path / "base.yaml"
+    config.write_text(BASE.format(logger="false"))
+    root = tmp_path / "root"
+    args = ["fit", "--config", str(config), "--trainer.default_root_dir", str(root), *callback]
+    code, err = _main([*args, "--trainer.num_rounds", "2"], capsys)
+    assert code == 0, err
+    (run_dir,) = (root / "runs").iterdir()
+    checkpoints = run_dir / "checkpoints"
+    first = checkpoints / "round0000.ckpt"
+    assert torch.load(first, weights_only=True)["epoch"] == 0
+    code, err = _main([*args, "--trainer.num_rounds", "3", "--ckpt_path", str(first)], capsys)
+    assert code == 0, err
+    assert [path.name for path in (root / "runs").iterdir()] == [run_dir.name], "resumed in its own run"
+    names = sorted(path.name for path in checkpoints.iterdir())
+    assert "last-v1.ckpt" not in names, names
+    if not callback:  # the default replaces a round trained again rather than writing a -v1 copy
+        assert not [name for name in names if "-v" in name], names
+        assert (checkpoints / "last.ckpt").readlink().name == "round0002.ckpt"
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["epoch"] == 2

@@ -6,8 +6,9 @@ import os
 
 import pytest
 import torch
-from helpers.boring import BoringClassifier, fast_trainer, make_datamodule
+from helpers.boring import BoringClassifier, OneCycleClassifier, fast_trainer, make_datamodule, one_cycle_lrs
 
+from lightning_fed import FedCallback
 from lightning_fed.aggregators import QFedAvg
 from lightning_fed.callbacks import FedProx
 from lightning_fed.checks import InvalidArgumentError
@@ -201,3 +202,57 @@ def test_the_progress_bar_is_not_part_of_the_experiment(tmp_path):
     _fit(tmp_path, enable_progress_bar=False)
     trainer = _fit(tmp_path, num_rounds=2, enable_progress_bar=True, ckpt_path="last")
     assert trainer.federation_state.completed_rounds == 2
+
+
+class StepDecay(BoringClassifier):
+    """SGD at ``lr``, halved after every round (an epoch-interval StepLR)."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr)
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)}
+
+
+class RoundLrs(FedCallback):
+    """The lr of every optimizer step, by round."""
+
+    def __init__(self):
+        self.lrs = {}
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.lrs.setdefault(trainer.current_epoch, []).append(optimizer.param_groups[0]["lr"])
+
+
+def _fit_with(root, module, num_rounds, ckpt_path=None, **kwargs):
+    recorder = RoundLrs()
+    trainer = _trainer(root, num_rounds=num_rounds, callbacks=[recorder], **kwargs)
+    trainer.fit(module, datamodule=make_datamodule(), ckpt_path=ckpt_path)
+    return trainer, recorder.lrs
+
+
+def test_an_allowed_lr_change_continues_an_epoch_schedule_from_its_position(tmp_path):
+    """StepLR halves the lr after each round: resumed after round 2 with lr 0.4, round 3 steps with 0.4 / 4 (the
+    new lr at the schedule's position), not 0.1 / 4 (the checkpoint's) nor 0.4 (the schedule forgotten)."""
+    _, lrs = _fit_with(tmp_path, StepDecay(lr=0.1), num_rounds=2)
+    assert {round_idx: set(values) for round_idx, values in lrs.items()} == {0: {0.1}, 1: {0.05}}
+    allow = dict(resume_allow_changes=["model.lr"])
+    with pytest.warns(UserWarning, match=r"model\.lr: 0\.1 -> 0\.4"):
+        trainer, lrs = _fit_with(tmp_path, StepDecay(lr=0.4), num_rounds=3, ckpt_path="last", **allow)
+    assert trainer.federation_state.completed_rounds == 3
+    assert set(lrs) == {2} and lrs[2] == pytest.approx([0.4 * 0.5**2] * len(lrs[2]))
+
+
+def test_an_allowed_max_lr_change_continues_a_one_cycle_schedule_from_its_position(tmp_path):
+    """OneCycleLR steps every local step: resumed from round 0's checkpoint with max_lr 1.0, round 1's clients step
+    with the lrs of a plain OneCycleLR run configured with max_lr 1.0 from the start (computed here)."""
+    trainer, first = _fit_with(tmp_path, OneCycleClassifier(max_lr=0.5), num_rounds=2)
+    (checkpoint,) = trainer.fed_run_dir.glob("checkpoints/round0000.ckpt")
+    allow = dict(resume_allow_changes=["model.max_lr"])
+    with pytest.warns(UserWarning, match=r"model\.max_lr: 0\.5 -> 1\.0"):
+        resumed, lrs = _fit_with(
+            tmp_path, OneCycleClassifier(max_lr=1.0), num_rounds=2, ckpt_path=str(checkpoint), **allow
+        )
+    steps = len(first[0]) // 2  # two clients of equal size, K steps each: round r's schedule starts at r * K
+    expected = one_cycle_lrs(resumed.lightning_module.total_steps, max_lr=1.0)[steps : 2 * steps]
+    assert set(lrs) == {1}
+    assert lrs[1] == pytest.approx(expected * 2)  # each of the round's two clients from the round's start
+    assert lrs[1] != pytest.approx(first[1])
