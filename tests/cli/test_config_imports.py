@@ -4,7 +4,7 @@ code (jsonargparse's import deny-list, enforced by ``FederatedCLI``). The refuse
 from pathlib import Path
 
 import pytest
-from test_invalid_inputs import BASE
+from helpers.cli_config import BASE
 
 from lightning_fed.cli.errors import TRACEBACK_ENV
 from lightning_fed.cli.main import FederatedCLI, main

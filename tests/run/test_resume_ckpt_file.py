@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_invalid_inputs import BASE
+from helpers.cli_config import BASE
 
 from lightning_fed.cli.errors import TRACEBACK_ENV
 from lightning_fed.cli.main import main
