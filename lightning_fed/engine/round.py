@@ -127,7 +127,7 @@ class RoundRunner:
         With several processes every rank runs both halves with the same sampled clients and trains its share of
         them in the client half; the server half combines the shares, so every rank leaves the round in the same
         state. A stop agreed at a client boundary abandons the round (Lightning's ``SIGTERMException``; see
-        :meth:`ClientHalf.run <lightning_fed.engine.client_half.ClientHalf.run>`).
+        :meth:`ClientHalf.run_task <lightning_fed.engine.client_half.ClientHalf.run_task>`).
         """
         started = time.perf_counter()
         round_ctx = self.server.open_round(round_idx)
