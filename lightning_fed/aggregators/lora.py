@@ -106,6 +106,9 @@ class LoRAFedAvg(FedAvg):
     """
 
     broadcast_keys = ()
+    # The default mode's declaration ("fedit" gathers the factors to measure its gap); each instance states its own
+    # mode's in __init__.
+    round_state_is_sum = False
 
     def __init__(
         self,

@@ -98,9 +98,10 @@ def _checked_ranks(ranks: Any) -> dict[int, int] | tuple[int, ...]:
         items = list(ranks.items())
         if all(_positive_int(k, 0) and _positive_int(v, 1) for k, v in items):
             return {int(k): int(v) for k, v in items}
-    elif isinstance(ranks, Sequence) and not isinstance(ranks, str) and ranks:
-        if all(_positive_int(v, 1) for v in ranks):
-            return tuple(int(v) for v in ranks)
+    elif (
+        isinstance(ranks, Sequence) and not isinstance(ranks, str) and ranks and all(_positive_int(v, 1) for v in ranks)
+    ):
+        return tuple(int(v) for v in ranks)
     raise InvalidArgumentError("ranks", ranks, allowed)
 
 

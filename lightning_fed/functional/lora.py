@@ -74,7 +74,7 @@ def find_lora_pairs(keys: Iterable[str], pairs: Sequence[tuple[str, str]] = DEFA
     Raises:
         ValueError: If a key holds two factor components, so that its layer is ambiguous.
     """
-    a_names = {a: b for a, b in pairs}
+    a_names = dict(pairs)
     b_names = {b: a for a, b in pairs}
     found: dict[str, LoRAPair] = {}
     for key in keys:

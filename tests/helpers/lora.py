@@ -8,8 +8,9 @@ from typing import Any, Literal
 import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
-from helpers.boring import NUM_CLASSES, NUM_FEATURES
 from torch import nn
+
+from helpers.boring import NUM_CLASSES, NUM_FEATURES
 
 
 class LoRALinear(nn.Module):
