@@ -198,7 +198,12 @@ class LoRAFedAvg(FedAvg):
         for pair in self._pairs:
             if pair.a_key is None or pair.b_key is None:
                 continue
-            matrices = [as_matrices(*self._factors[cid][pair.name], where=f"of `{pair.name}`") for cid in clients]
+            # Gathered factors come back on the CPU with several processes: compute where the global model lives.
+            device = global_params[pair.b_key].device
+            matrices = []
+            for cid in clients:
+                b, a = self._factors[cid][pair.name]
+                matrices.append(as_matrices(b.to(device), a.to(device), where=f"of `{pair.name}`"))
             bs, as_ = [m[0] for m in matrices], [m[1] for m in matrices]
             gaps.append(aggregation_gap(bs, as_, weights))
             if self.mode != "exact":
