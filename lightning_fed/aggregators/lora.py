@@ -95,6 +95,10 @@ class LoRAFedAvg(FedAvg):
           factors of the layers where both train (``reduce="merge"``: rank-sized, the adapters themselves, not the
           dense product, and the server holds them all, :math:`K` × adapters, until ``compute``). So those are not
           all sums, and cannot run under secure aggregation; ``"ffa"`` and ``"fedit"`` without ``report_gap`` can.
+        * ``"exact"`` hands out new factors every round (:math:`A \leftarrow V_r^\top` is a new basis of the
+          adapter's row space, not an update of the old :math:`A`): optimizer state a client keeps between its rounds
+          (``keep_optimizer_state``) refers to the old basis, and a client's momentum on :math:`A` no longer points
+          along it. The product, which is what the module computes, is what is preserved.
         * A rejected client drops out and the weights renormalise, as in FedAvg.
 
     Args:

@@ -50,6 +50,8 @@ class LoRARanks(FedCallback):
 
     # Nothing crosses the seam: the ranks are configuration, and each client's start point is set where it trains.
     broadcast_keys = ()
+    # The only per-client hook edits that client's own start point (its context): clients may train side by side.
+    supports_batched_clients = True
 
     def __init__(
         self,

@@ -214,7 +214,9 @@ def refactorise(b_stack: Tensor, a_stack: Tensor, rank: int) -> Refactorised:
     :math:`B' = U_r S_r`, :math:`A' = V_r^\top` keeps :math:`A'`'s rows orthonormal, like the projection LoRA's
     :math:`A` starts as, and puts the magnitude in :math:`B'`, which LoRA starts at zero; so a direction whose
     singular value is zero stays trainable (its :math:`A'` row is a unit vector). If the product has fewer than
-    ``rank`` singular directions (a layer narrower than the rank), the missing ones are zero in both factors.
+    ``rank`` singular directions (a layer narrower than the rank), the missing ones are zero in both factors. Each
+    direction's sign is fixed (the largest entry of each column of :math:`U_r` is positive), so close inputs give
+    close factors.
 
     Args:
         b_stack: ``out × m`` (:func:`stack_factors`).
@@ -223,6 +225,12 @@ def refactorise(b_stack: Tensor, a_stack: Tensor, rank: int) -> Refactorised:
     """
     u, s, vh = product_svd(b_stack, a_stack)
     kept = min(rank, s.numel())
+    # Singular vectors are defined up to sign: fix it (each column of U has its largest entry positive), so that the
+    # factors, not only their product, agree where the inputs agree up to rounding (ranks, batched clients, devices).
+    columns = torch.arange(u.shape[1], device=u.device)
+    signs = torch.sign(u[u.abs().argmax(dim=0), columns])
+    signs[signs == 0] = 1.0
+    u, vh = u * signs, vh * signs[:, None]
     b = torch.zeros(b_stack.shape[0], rank, dtype=torch.float64, device=b_stack.device)
     a = torch.zeros(rank, a_stack.shape[1], dtype=torch.float64, device=a_stack.device)
     b[:, :kept] = u[:, :kept] * s[:kept]

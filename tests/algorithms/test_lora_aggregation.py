@@ -258,11 +258,17 @@ class _Updates(FedCallback):
         self.updates.setdefault(client_ctx.round_idx, []).append(dataclasses.replace(update, params=params))
 
 
-def _fit(tmp_path, aggregator, callbacks=(), num_rounds=1, **module_kwargs):
+def _fit(tmp_path, aggregator, callbacks=(), num_rounds=1, client_parallelism=1, **module_kwargs):
     torch.manual_seed(0)
     module = LoRAClassifier(**module_kwargs)
     trainer = fast_trainer(
-        tmp_path, num_rounds=num_rounds, clients_per_round=3, aggregator=aggregator, callbacks=list(callbacks), seed=0
+        tmp_path,
+        num_rounds=num_rounds,
+        clients_per_round=3,
+        aggregator=aggregator,
+        callbacks=list(callbacks),
+        seed=0,
+        client_parallelism=client_parallelism,
     )
     trainer.fit(module, datamodule=make_datamodule(num_clients=3, num_samples=120))
     return {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
@@ -320,6 +326,15 @@ def test_clients_of_lower_rank_train_only_their_components(tmp_path, mode):
         b_key, _ = _keys("peft", "layer1")
         expected = sum(u.num_samples / total * u.params[b_key].double() for u in updates)
         torch.testing.assert_close(result[b_key], expected.float(), rtol=1e-6, atol=1e-7)
+
+
+def test_clients_of_lower_rank_train_side_by_side_as_one_at_a_time(tmp_path):
+    sequential = _fit(tmp_path / "one", LoRAFedAvg(mode="exact"), [LoRARanks({0: 1, 1: 2})], num_rounds=2)
+    batched = _fit(
+        tmp_path / "three", LoRAFedAvg(mode="exact"), [LoRARanks({0: 1, 1: 2})], num_rounds=2, client_parallelism=3
+    )
+    for name, tensor in sequential.items():
+        torch.testing.assert_close(batched[name], tensor, rtol=1e-5, atol=1e-5)
 
 
 def test_lora_ranks_refuses_a_rank_above_the_modules(tmp_path):

@@ -162,3 +162,13 @@ def test_zero_product_has_zero_gap_and_error():
     result = refactorise(*stack_factors(bs, as_, [0.5, 0.5]), rank=2)
     assert result.relative_error == 0.0 and not result.b.any()
     assert not math.isnan(float(result.a.sum()))
+
+
+def test_refactorised_factors_depend_on_the_product_only_signs_included():
+    # The same mean product from the clients in another order, and with each client's pair negated (-B)(-A): the
+    # SVD's signs are fixed, so the factors themselves agree, not just their product.
+    bs, as_, weights = _clients(3, out=10, inp=7, rank=2, seed=7)
+    first = refactorise(*stack_factors(bs, as_, weights), rank=2)
+    again = refactorise(*stack_factors([-b for b in bs[::-1]], [-a for a in as_[::-1]], weights[::-1]), rank=2)
+    torch.testing.assert_close(again.b, first.b, rtol=0, atol=1e-10)
+    torch.testing.assert_close(again.a, first.a, rtol=0, atol=1e-10)
