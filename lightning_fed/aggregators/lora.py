@@ -42,41 +42,43 @@ class LoRAFedAvg(FedAvg):
     average that FedAvg stands for is the mean change :math:`\bar P = \sum_k p_k B_k A_k` (:math:`p_k` FedAvg's
     weights), but the factors are what travel and what the module holds:
 
+    The modes, with :math:`A_0` the shared initialisation and :math:`U S V^\top` the SVD of :math:`\bar P`:
+
+    .. math::
+        \texttt{fedit}: &\quad B \leftarrow \textstyle\sum_k p_k B_k, \quad A \leftarrow \sum_k p_k A_k
+            &&\qquad B A \ne \bar P \text{ in general} \\
+        \texttt{ffa}: &\quad B \leftarrow \textstyle\sum_k p_k B_k, \quad A = A_0 \text{ (frozen)}
+            &&\qquad B A = \bar P \\
+        \texttt{exact}: &\quad B \leftarrow U_r S_r, \quad A \leftarrow V_r^\top
+            &&\qquad B A = \text{the best rank-}r\text{ approximation of } \bar P
+
     Modes:
         * ``"fedit"`` (the default; what FlowerTune, NVFlare, OpenFedLLM do): each factor averaged on its own, FedIT
           (Zhang et al., 2024, "Towards Building the Federated GPT: Federated Instruction Tuning", ICASSP 2024,
-          arXiv:2305.05644):
-
-          .. math:: B \leftarrow \textstyle\sum_k p_k B_k, \quad A \leftarrow \sum_k p_k A_k, \qquad
-                    B A \ne \bar P \text{ in general.}
-
-          With ``report_gap`` it logs how far that lands, :math:`\lVert \bar P - \bar B \bar A\rVert_F / \lVert \bar
-          P \rVert_F` per layer (``lora/aggregation_gap``: the mean over layers; ``lora/aggregation_gap_max``).
+          arXiv:2305.05644). With ``report_gap`` it logs how far that lands, :math:`\lVert \bar P - \bar B \bar A
+          \rVert_F / \lVert \bar P \rVert_F` per layer (``lora/aggregation_gap``: the mean over layers;
+          ``lora/aggregation_gap_max``).
         * ``"ffa"``: FFA-LoRA (Sun, Li, Ding, Wang, 2024, "Improving LoRA in Privacy-preserving Federated Learning",
           ICLR 2024, arXiv:2403.12313): :math:`A` frozen at its shared initialisation, only :math:`B` trains, and
-          :math:`\sum_k p_k B_k A = \bar B A` is exact. **The module freezes A** (``requires_grad_(False)`` on every
-          ``lora_A``, or build it so); the aggregator verifies it: a client whose :math:`A` differs from the global
-          one, to the bit, is refused in one line (``ValueError``), and the new :math:`A` is the global tensor
-          itself. (A frozen A need not be in the update at all: a ``lora_B`` whose ``lora_A`` is absent is averaged,
-          exactly, in every mode.)
+          :math:`\sum_k p_k B_k A_0 = \bar B A_0` is exact. **The module freezes A** (``requires_grad_(False)`` on
+          every ``lora_A``, or build it so); the aggregator verifies it: a client whose :math:`A` differs from the
+          global one, to the bit, is refused in one line (``ValueError``), and the new :math:`A` is the global
+          tensor itself. (A frozen A need not be in the update at all: a ``lora_B`` whose ``lora_A`` is absent is
+          averaged, exactly, in every mode.)
         * ``"exact"``: the average product, re-factorised at the module's rank :math:`r` by a truncated SVD, the
           aggregation of FlexLoRA (Bai, Chen, Qian, Yao, Li, 2024, "Federated Fine-tuning of Large Language Models
           under Heterogeneous Tasks and Client Resources", arXiv:2402.11505), computed from FLoRA's stacked factors
           (Wang et al., 2024, arXiv:2409.05976) without forming a dense matrix
-          (:func:`~lightning_fed.functional.lora.product_svd`):
-
-          .. math:: \bar P = \textstyle\sum_k p_k B_k A_k = U S V^\top, \qquad
-                    B \leftarrow U_r S_r,\; A \leftarrow V_r^\top.
-
-          By Eckart–Young this is the best rank-:math:`r` approximation of :math:`\bar P`: **exact when**
-          :math:`\operatorname{rank} \bar P \le r` (one client; clients whose :math:`A_k` or whose :math:`B_k` all
-          agree), and otherwise off by :math:`\sqrt{\sum_{i>r}\sigma_i^2}`, logged relative to
-          :math:`\lVert\bar P\rVert_F` (``lora/refactorisation_error``, mean over layers;
-          ``lora/refactorisation_error_max``), next to the gap FedIT would have had. FLoRA's exact alternative keeps
-          the stacked rank-:math:`\sum_k r_k` adapter (the module's shapes would grow every round), and
-          FedEx-LoRA's (Singhal, Ponkshe, Vepakomma, 2024, arXiv:2410.09432) adds the residual
-          :math:`\bar P - \bar B \bar A` to the frozen weight, which changes the base on the server; **neither is
-          implemented**: here the base never changes and the adapter keeps its rank.
+          (:func:`~lightning_fed.functional.lora.product_svd`). By Eckart–Young :math:`U_r S_r V_r^\top` is the
+          best rank-:math:`r` approximation of :math:`\bar P`: **exact when** :math:`\operatorname{rank} \bar P \le
+          r` (one client; clients whose :math:`A_k`, or whose :math:`B_k`, all agree), and otherwise off by
+          :math:`\sqrt{\sum_{i>r}\sigma_i^2}`, logged relative to :math:`\lVert\bar P\rVert_F`
+          (``lora/refactorisation_error``, mean over layers; ``lora/refactorisation_error_max``), next to the gap
+          FedIT would have had. FLoRA's exact alternative keeps the stacked rank-:math:`\sum_k r_k` adapter (the
+          module's shapes would grow every round), and FedEx-LoRA's (Singhal, Ponkshe, Vepakomma, 2024,
+          arXiv:2410.09432) adds the residual :math:`\bar P - \bar B \bar A` to the frozen weight, which changes
+          the base on the server; **neither is implemented**: here the base never changes and the adapter keeps
+          its rank.
 
     Clients of different ranks (HetLoRA-style) train inside the module's rank with their extra components at zero
     (:class:`~lightning_fed.callbacks.LoRARanks`); then ``"fedit"`` is the zero-padding average
