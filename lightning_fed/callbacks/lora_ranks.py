@@ -61,6 +61,15 @@ class LoRARanks(FedCallback):
         self.ranks = _checked_ranks(ranks)
         self.lora_pairs = tuple((str(a), str(b)) for a, b in lora_pairs)
 
+    @override
+    def check_setup(self, trainer: FederatedTrainerView, datamodule: Any) -> None:
+        if getattr(trainer.aggregator, "mode", None) == "ffa":
+            raise InvalidArgumentError(
+                "trainer.aggregator.init_args.mode",
+                "ffa",
+                "'fedit' or 'exact' with LoRARanks, which zeroes rows of A that FFA-LoRA keeps frozen",
+            )
+
     def rank_of(self, client_id: int) -> int | None:
         """Client ``client_id``'s rank; ``None`` for the module's full rank."""
         if isinstance(self.ranks, dict):

@@ -340,3 +340,8 @@ def test_clients_of_lower_rank_train_side_by_side_as_one_at_a_time(tmp_path):
 def test_lora_ranks_refuses_a_rank_above_the_modules(tmp_path):
     with pytest.raises(InvalidArgumentError, match="at most the module's LoRA rank 2"):
         _fit(tmp_path, LoRAFedAvg(), [LoRARanks([3])], rank=2)
+
+
+def test_lora_ranks_refuses_ffa_whose_a_it_cannot_zero(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="`trainer.aggregator.init_args.mode` must be 'fedit' or 'exact'"):
+        _fit(tmp_path, LoRAFedAvg(mode="ffa"), [LoRARanks([1])], train_a=False)
