@@ -9,6 +9,7 @@ from lightning_fed.aggregators.fedavg import FedAvg
 from lightning_fed.aggregators.fedavgm import FedAvgM
 from lightning_fed.aggregators.fedyogi import FedYogi
 from lightning_fed.aggregators.krum import Krum, MultiKrum
+from lightning_fed.aggregators.lora import LoRAFedAvg
 from lightning_fed.aggregators.median import FedMedian, TrimmedMean
 from lightning_fed.aggregators.normbound import NormBound
 from lightning_fed.aggregators.qfedavg import QFedAvg
@@ -27,6 +28,7 @@ __all__ = [
     "FedMedian",
     "FedYogi",
     "Krum",
+    "LoRAFedAvg",
     "MultiKrum",
     "NormBound",
     "QFedAvg",

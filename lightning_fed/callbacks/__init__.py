@@ -8,6 +8,7 @@ from lightning_fed.callbacks.fedgg import FedGG
 from lightning_fed.callbacks.fedprox import FedProx
 from lightning_fed.callbacks.finetune import FineTune
 from lightning_fed.callbacks.heurfedamp import HeurFedAMP
+from lightning_fed.callbacks.lora_ranks import LoRARanks
 from lightning_fed.callbacks.penalty import ParameterPenalty
 from lightning_fed.callbacks.progress import RoundProgressBar
 from lightning_fed.callbacks.rfedavg import RFedAvg
@@ -28,6 +29,7 @@ __all__ = [
     "FedProx",
     "FineTune",
     "HeurFedAMP",
+    "LoRARanks",
     "ParameterPenalty",
     "RFedAvg",
     "RoundProgressBar",
