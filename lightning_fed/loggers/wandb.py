@@ -129,8 +129,8 @@ def end_run_quietly(exit_code: int = 1) -> None:
     ``--- Logging error ---`` traceback for each (hundreds of lines after the one line that says what happened).
     Here W&B's file handlers are closed and removed first, its terminal output is silenced (``wandb.termsetup``
     with a ``silent`` setting, as ``WANDB_SILENT`` would have set it), and the run is finished with ``exit_code``
-    (W&B marks it failed); a failure to finish is ignored, the process being on its way out. W&B is not imported
-    when nothing has imported it.
+    (W&B marks it failed); a failure to finish is ignored, the process being on its way out. The terminal settings
+    are the run's again afterwards. W&B is not imported when nothing has imported it.
     """
     wandb = sys.modules.get("wandb")
     run = getattr(wandb, "run", None)
@@ -142,9 +142,14 @@ def end_run_quietly(exit_code: int = 1) -> None:
             wandb_log.removeHandler(handler)
             with contextlib.suppress(OSError):
                 handler.close()
+    settings = run.settings
     wandb.termsetup(wandb.Settings(silent=True), None)
-    with contextlib.suppress(Exception):
-        run.finish(exit_code=exit_code)
+    try:
+        with contextlib.suppress(Exception):
+            run.finish(exit_code=exit_code)
+    finally:
+        # W&B reads its terminal settings once per process: a later run in this process prints as it would have.
+        wandb.termsetup(settings, None)
 
 
 def log_image(logger: _LightningWandbLogger, key: str, path: str, caption: str | None = None) -> None:

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -234,6 +235,17 @@ def _mount_tmpfs(path, options):
     return None if result.returncode == 0 else result.stderr.decode().strip() or "mount failed"
 
 
+def _unmount(path):
+    """Unmounts a tmpfs of :func:`_mount_tmpfs`. W&B's service process outlives the run that started it by a moment,
+    holding files there: busy, the unmount is tried again for 10 s, then done lazily (detached at once, freed when
+    the last file closes)."""
+    for _ in range(50):
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.2)
+    subprocess.run(["umount", "--lazy", str(path)], check=False)
+
+
 @pytest.fixture
 def read_only_dir(tmp_path):
     """A directory this process cannot write to: without write permission, or (as root, whom permission bits do
@@ -249,7 +261,7 @@ def read_only_dir(tmp_path):
     if problem:
         pytest.skip(f"running as root (chmod does not stop writes) and cannot mount a read-only tmpfs: {problem}")
     yield path
-    subprocess.run(["umount", str(path)], check=False)
+    _unmount(path)
 
 
 @pytest.fixture
@@ -261,7 +273,7 @@ def full_dir(tmp_path):
     if problem:
         pytest.skip(f"cannot mount a small tmpfs to fill: {problem}")
     yield path
-    subprocess.run(["umount", str(path)], check=False)
+    _unmount(path)
 
 
 @pytest.fixture
@@ -483,7 +495,7 @@ def small_disk(tmp_path):
     if problem:
         pytest.skip(f"cannot mount a small tmpfs to fill: {problem}")
     yield path
-    subprocess.run(["umount", str(path)], check=False)
+    _unmount(path)
 
 
 def test_a_disk_that_fills_mid_run_under_wandb_is_one_line_and_resumes_bit_identical(setup_files, small_disk):

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).parents[2]
 README = (REPO / "README.md").read_text()
 
@@ -34,14 +36,17 @@ def test_ci_runs_the_readmes_two_commands_as_written_before_it_installs_any_extr
     assert f". {venv}/bin/activate" in before and venv != ".venv"
 
 
+@pytest.mark.timeout(600)
 def test_the_quickstart_ends_within_the_readmes_tolerance_of_its_figures(tmp_path):
-    """The README's quickstart figures vary with the CPU and the thread count; it says by how much."""
+    """The README's quickstart figure varies with the CPU and the thread count; it says by how much. The run takes
+    one torch thread (as fast as two on 2 cores, about 20 s): on a loaded machine two OpenMP threads that wait for
+    each other made it more than 15 times slower."""
     rounds = re.search(r"for (\d+) rounds", TWO_COMMANDS).group(1)  # type: ignore[union-attr]
     global_acc = re.search(r"ends with `global/test_acc=([\d.]+)`", TWO_COMMANDS).group(1)  # type: ignore[union-attr]
     tolerance = re.search(r"expect it within ±([\d.]+)", TWO_COMMANDS)
     assert tolerance is not None, "the README states how much the quickstart's figure varies"
     env = {key: value for key, value in os.environ.items() if not key.startswith("WANDB_")}
-    env.update(WANDB_MODE="offline", PYTHONPATH=str(REPO))
+    env.update(WANDB_MODE="offline", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     config = REPO / "configs" / "quickstart.yaml"
     command = [sys.executable, "-c", "from lightning_fed.cli.main import main; main()", "fit", "--config", str(config)]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
