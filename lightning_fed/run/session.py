@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_fed.context import RoundResult
+from lightning_fed.functional.federated_state import BaseFingerprint
 from lightning_fed.run.fingerprint import Fingerprint
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ class RunSession:
         reporter: Sends the fit's rounds to the loggers and the run directory; set when the rounds start.
         last_round_result: The latest round's result in this process.
         summary_path: Where ``summary.json`` was last written (rank 0).
+        base: The id of the fit's module and the fingerprint of its frozen base, computed once per fit when first
+            needed (a restore, a checkpoint, a deployed task).
     """
 
     run_checkpoints: list[ModelCheckpoint] = field(default_factory=list)
@@ -40,6 +43,7 @@ class RunSession:
     reporter: RunReporter | None = None
     last_round_result: RoundResult | None = None
     summary_path: Path | None = None
+    base: tuple[int, BaseFingerprint] | None = None
 
     def start(self, fingerprint: Fingerprint, restored: bool) -> None:
         """Starts a fit: its fingerprint, whether it resumes, and a run directory still to decide (each fit gets its
@@ -47,6 +51,7 @@ class RunSession:
         self.fingerprint = fingerprint
         self.restored = restored
         self.run_dir = None
+        self.base = None
 
 
 __all__ = ["RunSession"]
