@@ -276,3 +276,19 @@ def test_a_group_stacks_the_federated_part_only_on_one_frozen_base(tmp_path, mon
     # Only the federated part was stacked, one row per client of a group.
     assert stacked and not {"net.0.weight", "net.0.bias"} & set(stacked), sorted(stacked)
     assert set(stacked) == {"net.3.weight", "net.3.bias"} and all(shape[0] <= 4 for shape in stacked.values())
+
+
+def test_auto_sizes_groups_by_the_federated_part():
+    """A client of a group costs its federated part: the frozen base is shared, so a big frozen trunk with a small
+    head gets groups as large as the head allows."""
+    from helpers.boring import BigTrunkClassifier
+
+    from lightning_fed.engine.batched.support import CPU_GROUP_BYTES, auto_group_size
+    from lightning_fed.functional.federated_state import federated_keys
+
+    module = BigTrunkClassifier()
+    head = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    whole = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    cpu = torch.device("cpu")
+    assert auto_group_size(module, cpu, federated_keys(module)) == CPU_GROUP_BYTES // head
+    assert auto_group_size(module, cpu) == max(1, CPU_GROUP_BYTES // whole)

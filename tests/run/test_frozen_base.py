@@ -83,3 +83,23 @@ def test_fedamp_checkpoint_holds_the_model_once_and_the_trainable_part_per_clien
     # The model once (its state_dict) and each client's personal model of the trainable part; 10 % for the rest
     # (FedAMP's w_0, the optimizer, the loops, the fingerprints). With whole-model client state it was ~9 models.
     assert size <= 1.1 * (model + num_clients * trainable), (size, model, trainable)
+
+
+def test_the_trainer_setting_decides_the_federated_part_and_defines_the_experiment(tmp_path):
+    from lightning_fed.run.fingerprint import experiment_fingerprint
+
+    weights = []
+    for federated_keys in (None, ["net.1.*", "net.4.*"], ["net.0.*", "net.1.*", "net.4.*"]):
+        trainer = fast_trainer(tmp_path / str(len(weights)), num_rounds=2, seed=0, federated_keys=federated_keys)
+        torch.manual_seed(0)
+        module = FrozenTrunkClassifier()
+        trainer.fit(module, datamodule=make_datamodule())
+        live = trainer.fed_runner.live
+        assert ("net.0.weight" in live) == (federated_keys is not None and "net.0.*" in federated_keys)
+        fingerprint = experiment_fingerprint(trainer, module, None)
+        assert fingerprint.get("trainer.federated_keys") == federated_keys
+        weights.append(module.state_dict())
+    # Whether the frozen trunk travels or not, the run is the same: it never changes.
+    for other in weights[1:]:
+        for key, value in weights[0].items():
+            assert torch.equal(other[key], value), key
