@@ -19,8 +19,10 @@ class RoundContext:
     Attributes:
         round_idx: 0-based round index (equal to ``trainer.current_epoch``).
         client_ids: The clients sampled for this round, in training order.
-        global_params: Snapshot of the global model (parameters and buffers) at the start of the round. Treat it as
-            read-only: every client of the round starts from it unless a callback swaps ``initial_params``.
+        global_params: Snapshot of the global model's federated part (the trainable parameters and the buffers;
+            :mod:`~lightning_fed.functional.federated_state`) at the start of the round; the frozen base is in the
+            module only. Treat it as read-only: every client of the round starts from it unless a callback swaps
+            ``initial_params``.
         num_samples: Training-set size of each sampled client.
         store: Per-client state that outlives the round.
         bytes_down: Bytes sent from server to clients this round; callbacks that send extra tensors add to it.
@@ -90,7 +92,8 @@ class ClientUpdate:
         client_id: The client.
         num_samples: Training samples the client holds (the FedAvg weight).
         num_steps: Optimizer steps actually taken.
-        params: The client's final local model (parameters and buffers, detached, on the training device).
+        params: The client's final local model's federated part (trainable parameters and buffers, detached, on
+            the training device).
         metrics: Means of the values the module logged during local training (e.g. ``train_loss``).
         extras: Extra payload for aggregators that need more than the weights (e.g. q-FedAvg's loss at w_g).
         held: Set by an ``on_client_end`` hook to keep the update from the aggregator until every client of this

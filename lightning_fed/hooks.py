@@ -375,6 +375,12 @@ class FederatedTrainerView(Protocol):
     def client_parallelism(self) -> int | str: ...
 
     @property
+    def federated_keys(self) -> list[str] | None:
+        """Glob patterns on ``state_dict`` keys naming the federated part of the module (``None``: the module's own
+        declaration or the default; :mod:`lightning_fed.functional.federated_state`)."""
+        ...
+
+    @property
     def accumulate_grad_batches(self) -> int: ...
 
     @property

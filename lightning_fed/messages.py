@@ -41,8 +41,9 @@ class ClientTask:
         round_clients: Every client sampled this round, in round order (positions decide the integer buffers' copy).
         num_samples: Each sampled client's training-set size.
         seed: The run seed; every draw of a client derives from ``(seed, purpose, round, client)``.
-        global_params: The global model at the round's start (parameters and buffers); for an evaluation task, the
-            model after the round's aggregation.
+        global_params: The global model's federated part at the round's start (the trainable parameters and the
+            buffers, :mod:`~lightning_fed.functional.federated_state`; the frozen base never travels); for an
+            evaluation task, after the round's aggregation.
         broadcast: Each algorithm's broadcast state, by algorithm key (:func:`~lightning_fed.engine.algorithm_state.
             algorithm_objects`): the client half opens the round itself from it (``on_round_start``, the aggregator's
             reset) and replies with the algorithms' round state. ``None``: the client half runs beside the server
@@ -61,6 +62,10 @@ class ClientTask:
         run_id: The server's run id, for the site's logs.
         fingerprint: The server's experiment fingerprint without its data settings and seed; a site built from
             another configuration refuses the task (empty: not checked).
+        base: The server's frozen-base fingerprint (:meth:`BaseFingerprint.to_dict
+            <lightning_fed.functional.federated_state.BaseFingerprint.to_dict>`: a digest and a short hash per
+            tensor, never the tensors); a site whose own base differs refuses the task, naming its first tensor that
+            differs (empty: not checked).
         evaluate: Evaluate instead of training: ``global_params`` (or each client's personalised model, as the
             callbacks' ``on_client_evaluate_start`` decide) on the client's own test split.
         secure_range: Under secure aggregation, the range ±c every entry of the client's sums must fit; ``None``:
@@ -79,6 +84,7 @@ class ClientTask:
     resumable_from: int | None = -1
     run_id: str = ""
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    base: dict[str, Any] = field(default_factory=dict)
     evaluate: bool = False
     secure_range: float | None = None
 

@@ -34,7 +34,7 @@ from lightning_fed.run.checkpoint_state import federated_checkpoint, restore_fed
 from lightning_fed.run.fingerprint import Fingerprint, experiment_fingerprint
 from lightning_fed.run.identity import continue_last_checkpoints, new_run_dir, open_run
 from lightning_fed.run.lock import RunLock
-from lightning_fed.run.module_checks import check_lightning_package, check_optimization_setup
+from lightning_fed.run.module_checks import check_federated_part, check_lightning_package, check_optimization_setup
 from lightning_fed.run.reporting import RunReporter, publish_figure, resolve_run_dir
 from lightning_fed.run.resume import (
     evaluation_checkpoint,
@@ -48,6 +48,7 @@ from lightning_fed.run.setup_checks import (
     check_allowed_changes,
     check_client_parallelism,
     check_epoch_args,
+    check_federated_keys,
     check_federation_setup,
     check_fit_setup,
     check_lightning_settings,
@@ -113,6 +114,12 @@ class FederatedTrainer(Trainer):
         client_parallelism: How many clients train side by side in one vectorised step (``torch.func.vmap``); 1
             trains one after another, ``"auto"`` sizes groups from the device and the model. What cannot be
             vectorised trains one at a time, with a warning (README, ``client_parallelism``).
+        federated_keys: Glob patterns on the module's ``state_dict`` keys that name its federated part, the state
+            that clients train, that is aggregated, stored per client, checkpointed as client state and sent
+            (``["*lora_A*", "*lora_B*"]``). Default: the module's ``federated_state_dict()`` or ``federated_keys``
+            if it declares one, else every parameter with ``requires_grad`` and every persistent buffer. The rest is
+            the frozen base, held once in the module and fingerprinted: a resume or a deployed site with another
+            base is refused (:mod:`lightning_fed.functional.federated_state`).
         seed: Run seed for client sampling, data order and per-client RNG; defaults to the seed given to
             ``seed_everything`` (0 if none).
         run_dir: Where everything a fit writes goes (config, summary, plots, ``checkpoints/``, W&B); default
@@ -144,6 +151,7 @@ class FederatedTrainer(Trainer):
         on_client_divergence: Literal["skip", "raise"] = "skip",
         keep_optimizer_state: bool = False,
         client_parallelism: int | Literal["auto"] = 1,
+        federated_keys: list[str] | None = None,
         seed: int | None = None,
         run_dir: str | None = None,
         resume_allow_changes: list[str] | None = None,
@@ -177,6 +185,7 @@ class FederatedTrainer(Trainer):
         self.on_client_divergence = on_client_divergence
         self.keep_optimizer_state = keep_optimizer_state
         self.client_parallelism = check_client_parallelism(client_parallelism)
+        self.federated_keys = check_federated_keys(federated_keys)
         self.seed = seed
         self.run_dir = run_dir
         self.resume_allow_changes = check_allowed_changes(resume_allow_changes)
@@ -242,6 +251,7 @@ class FederatedTrainer(Trainer):
         check_lightning_package(model)
         check_fit_setup(datamodule, train_dataloaders, val_dataloaders)
         check_optimization_setup(self, model, datamodule)
+        check_federated_part(self, model)
         # Computed from the fresh objects, before training can change any attribute; every checkpoint carries it.
         fingerprint = experiment_fingerprint(self, model, datamodule)
         target = resolve_ckpt_path(self, ckpt_path, fingerprint)
@@ -374,13 +384,14 @@ class FederatedTrainer(Trainer):
         Args:
             client_id: Whose training data to use.
             round_idx: The round it belongs to (part of the seed).
-            start_params: Where training starts (every key of the model's state).
+            start_params: Where training starts (every key of the model's federated part; the frozen base is the
+                module's own).
             epochs: Local passes (default 1 when ``steps`` is not set).
             steps: Optimizer steps instead of epochs.
             purpose: Seed namespace, so that two uses in one round draw different data orders.
 
         Returns:
-            The trained state (detached copies).
+            The trained federated part (detached copies).
 
         Raises:
             RuntimeError: Outside a fit's rounds.

@@ -14,7 +14,10 @@ rounds here, and:
   deployment, which keeps the store at the sites, refuses such an algorithm);
 * the client half of each round reads nothing of its ``state_dict`` beyond ``broadcast_keys``: every other entry is
   poisoned (NaN) while the client half runs and restored before the server half closes the round, and the run must
-  end bit-identical to an unpoisoned one. State the server half prepares in ``on_round_start`` counts as sent.
+  end bit-identical to an unpoisoned one. State the server half prepares in ``on_round_start`` counts as sent;
+* its state is the module's federated part only: on a model with a frozen trunk, no frozen tensor is in anything
+  it keeps, sums, stores, checkpoints or sends, and a NaN written into every copy of the frozen base outside the
+  module (in the round's global model, a client's start point or update, a store entry) changes nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.boring import BoringClassifier, fast_trainer, global_weights, make_datamodule
+from helpers.boring import BoringClassifier, FrozenTrunkClassifier, fast_trainer, global_weights, make_datamodule
 
 from lightning_fed import callbacks as C
 from lightning_fed.aggregators import (
@@ -48,10 +51,12 @@ from lightning_fed.aggregators import (
 )
 from lightning_fed.attacks import MaliciousClients
 from lightning_fed.client_store import ClientStateStore
+from lightning_fed.context import ClientContext, ClientUpdate, RoundContext
 from lightning_fed.datamodules import DataSharing
 from lightning_fed.engine.client_half import ClientHalf
 from lightning_fed.engine.dispatch import HookDispatcher
 from lightning_fed.hooks import FedCallback
+from lightning_fed.messages import ClientTask
 from lightning_fed.parallel import distributed
 from lightning_fed.parallel.reduction import CrossProcessState
 
@@ -274,3 +279,118 @@ def test_declarations_match_what_the_run_does(tmp_path, monkeypatch, name):
     poisoned = _fit(tmp_path / "poisoned", name, monkeypatch, _poison_what_is_not_broadcast)
     for key, value in run["weights"].items():
         assert torch.equal(poisoned["weights"][key], value), (name, key)
+
+
+FROZEN = set(FrozenTrunkClassifier.FROZEN)
+
+
+def _frozen_keys_in(value: Any, found: set[str], depth: int = 0) -> None:
+    """Adds to ``found`` every frozen key of a mapping anywhere inside ``value``."""
+    if depth > 12:
+        return
+    if isinstance(value, dict):
+        found.update(key for key in value if key in FROZEN)
+        for item in value.values():
+            _frozen_keys_in(item, found, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _frozen_keys_in(item, found, depth + 1)
+
+
+def _poison_frozen(value: Any, depth: int = 0) -> None:
+    """Fills with NaN, in place, every frozen tensor of a mapping anywhere inside ``value``."""
+    if depth > 12:
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in FROZEN and isinstance(item, torch.Tensor) and item.is_floating_point():
+                with torch.no_grad():
+                    item.fill_(math.nan)
+            else:
+                _poison_frozen(item, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _poison_frozen(item, depth + 1)
+
+
+class _PoisonFrozenCopies(FedCallback):
+    """Poisons every copy of the frozen base a round hands around (and notes which frozen keys it saw)."""
+
+    def __init__(self, seen: set[str]) -> None:
+        self.seen = seen
+
+    def _check(self, *values: Any) -> None:
+        for value in values:
+            _frozen_keys_in(value, self.seen)
+            _poison_frozen(value)
+
+    def on_round_start(self, trainer, pl_module, round_ctx: RoundContext) -> None:
+        self._check(round_ctx.global_params, round_ctx.extras)
+
+    def on_client_start(self, trainer, pl_module, client_ctx: ClientContext) -> None:
+        self._check(client_ctx.global_params, client_ctx.initial_params, client_ctx.extras)
+
+    def on_client_end(self, trainer, pl_module, client_ctx: ClientContext, update: ClientUpdate) -> None:
+        self._check(update.params, client_ctx.initial_params, client_ctx.extras)
+
+    def on_aggregate(self, trainer, pl_module, round_ctx: RoundContext, new_params) -> None:
+        self._check(new_params)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_state_is_the_federated_part_only(tmp_path, monkeypatch, name):
+    """On a frozen-trunk model every algorithm's state (sums, server moments, control variates, Fisher statistics,
+    personal models, per-client updates, the store, the checkpoint's client state, the tasks) is the federated part
+    only, and NaN in every copy of the frozen base outside the module changes nothing: none is ever read."""
+    seen: set[str] = set()
+    original_put, original_run = ClientStateStore.put, ClientHalf.run_task
+
+    def recording_put(store, namespace, client_id, value):
+        _frozen_keys_in(value, seen)
+        _poison_frozen(value)
+        return original_put(store, namespace, client_id, value)
+
+    def recording_run(self, task: ClientTask):
+        _frozen_keys_in(task.global_params, seen)
+        _poison_frozen(task.global_params)
+        return original_run(self, task)
+
+    def fit(poison: bool) -> tuple[FrozenTrunkClassifier, Any, list[CrossProcessState]]:
+        aggregator, callbacks = ALGORITHMS[name]()
+        if poison:
+            callbacks = [*callbacks, _PoisonFrozenCopies(seen)]
+        torch.manual_seed(0)
+        module = FrozenTrunkClassifier()
+        trainer = fast_trainer(
+            tmp_path / str(poison),
+            num_rounds=2,
+            clients_per_round=NUM_CLIENTS,
+            aggregator=aggregator,
+            callbacks=callbacks,
+            seed=0,
+        )
+        datamodule = make_datamodule(num_clients=NUM_CLIENTS, num_samples=240, **DATAMODULE_KWARGS.get(name, {}))
+        trainer.fit(module, datamodule=datamodule)
+        return module, trainer, [aggregator, *callbacks]
+
+    plain, _, _ = fit(poison=False)
+    monkeypatch.setattr(ClientStateStore, "put", recording_put)
+    monkeypatch.setattr(ClientHalf, "run_task", recording_run)
+    module, trainer, plugins = fit(poison=True)
+    monkeypatch.undo()
+    # What outlives the rounds: every algorithm's state_dict and the checkpoint's federated part (client store,
+    # aggregator, sampler).
+    for plugin in plugins:
+        _frozen_keys_in(plugin.state_dict(), seen)
+    checkpoint = trainer.federated_checkpoint()
+    # The frozen base is named in the checkpoint by its fingerprint only: a short hash per tensor.
+    assert all(isinstance(value, str) for value in checkpoint.pop("base")["tensors"].values())
+    _frozen_keys_in(checkpoint, seen)
+    assert not seen, (name, sorted(seen))
+    torch.manual_seed(0)
+    initial = FrozenTrunkClassifier().state_dict()
+    for key in FROZEN:  # the base is held once, in the module, and never changes
+        assert torch.equal(module.state_dict()[key], initial[key]), (name, key)
+    for key, value in global_weights(plain).items():
+        assert torch.equal(global_weights(module)[key], value), (name, key)
+    assert all(torch.isfinite(t).all() for t in global_weights(module).values() if t.is_floating_point()), name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -113,7 +114,7 @@ class APFL(PersonalizedCallback):
     def on_client_train_start(
         self, trainer: FederatedTrainerView, pl_module: LightningModule, client_ctx: ClientContext, dataloader: Any
     ) -> None:
-        params, buffers = self._live_params, self._live_buffers = _live_split(pl_module)
+        params, buffers = self._live_params, self._live_buffers = _live_split(pl_module, client_ctx.global_params)
         entry = client_ctx.store.get(self.namespace, client_ctx.client_id)
         device = next(iter(params.values())).device
         if entry is None:
@@ -219,13 +220,16 @@ class APFL(PersonalizedCallback):
         return None if entry is None else float(entry["alpha"])
 
 
-def _live_split(pl_module: LightningModule) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """The module's trainable parameters and its (persistent) buffers, as live tensors."""
+def _live_split(
+    pl_module: LightningModule, federated: Mapping[str, Tensor]
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The module's trainable parameters and the buffers of its federated part (the keys of ``federated``, the
+    round's global model), as live tensors: the frozen base is neither mixed nor stored per client."""
     live = pl_module.state_dict(keep_vars=True)
     trainable = {name for name, p in pl_module.named_parameters() if p.requires_grad}
     parameter_names = {name for name, _ in pl_module.named_parameters()}
     params = {name: t for name, t in live.items() if name in trainable}
-    buffers = {name: t for name, t in live.items() if name not in parameter_names}
+    buffers = {name: t for name, t in live.items() if name not in parameter_names and name in federated}
     return params, buffers
 
 

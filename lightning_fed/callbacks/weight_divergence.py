@@ -135,7 +135,8 @@ class WeightDivergence(FedCallback):
 
     def _train_twin(self, trainer: FederatedTrainerView, pl_module: LightningModule, round_ctx: RoundContext) -> None:
         """One round of centralised SGD on the twin, on the live module, which is restored afterwards."""
-        live = pl_module.state_dict(keep_vars=True)
+        # The twin is the federated part (the round's global model); the frozen base is the module's own.
+        live = {name: t for name, t in pl_module.state_dict(keep_vars=True).items() if name in self._twin}
         saved, was_training = clone_state(live), pl_module.training
         lr = float(trainer.optimizers[0].param_groups[0]["lr"])
         seed, round_idx, first = trainer.federation_state.seed, round_ctx.round_idx, round_ctx.client_ids[0]

@@ -47,6 +47,7 @@ from lightning_fed.hooks import FedCallback, federated_trainer
 from lightning_fed.loggers.wandb import end_run_quietly
 from lightning_fed.run.identity import check_run_ids
 from lightning_fed.run.module_checks import (
+    check_federated_part,
     check_lightning_package,
     check_loss_scaling,
     check_module_definition,
@@ -220,6 +221,7 @@ class FederatedCLI(LightningCLI):
                 datamodule.setup(stage)
             check_module_definition(model)
             check_optimization_setup(trainer, model, datamodule)
+            check_federated_part(trainer, model)
             check_run_ids(trainer)
             with _prefixed("trainer."):
                 check_num_classes(model, datamodule, name="model.init_args.num_classes")

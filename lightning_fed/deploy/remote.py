@@ -33,8 +33,10 @@ from lightning_fed.engine import (
     broadcast,
     scheduler_snapshot,
 )
+from lightning_fed.functional.federated_state import federated_state
 from lightning_fed.functional.state_dict import StateDict, clone_state
 from lightning_fed.messages import ClientReply, ClientTask
+from lightning_fed.run.checkpoint_state import module_base
 
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView
@@ -68,6 +70,7 @@ class RemoteClients:
         self.trainer = trainer
         self.module = module
         self._configuration: dict[str, Any] | None = None
+        self._base: dict[str, Any] | None = None
 
     def answer(self, task: ClientTask) -> list[ClientReply]:
         """Sends each of the task's clients its own task and returns the replies in round order (a client whose site
@@ -103,9 +106,9 @@ class RemoteClients:
         """Asks each client's site to evaluate the new global model (or the client's personalised model) on the
         client's test split; returns the results of the clients that have one, in ``client_ids`` order, and whether
         any model was personalised. A site that does not answer is left out of the round's client statistics."""
-        tasks = self._tasks(
-            round_idx, client_ids, list(client_ids), {}, clone_state(self.module.state_dict()), evaluate=True
-        )
+        # The federated part only: a site holds the frozen base already.
+        new_global = clone_state(federated_state(self.module, self.trainer.federated_keys))
+        tasks = self._tasks(round_idx, client_ids, list(client_ids), {}, new_global, evaluate=True)
         replies = self.transport.exchange(tasks).replies
         results: dict[int, dict[str, float]] = {}
         personalised = False
@@ -138,6 +141,8 @@ class RemoteClients:
         if self._configuration is None:
             view: Any = trainer
             self._configuration = algorithm_fingerprint(view, self.module, getattr(view, "fed_fingerprint", None))
+            # The frozen base's fingerprint (computed once per fit), for each site to check its own base against.
+            self._base = module_base(view).to_dict()
         broadcast_state, run_id = broadcast(trainer), str(getattr(trainer, "fed_run_id", None) or "")
         resumable_from = oldest_checkpointed_round(self.module.trainer)
         return [
@@ -156,6 +161,7 @@ class RemoteClients:
                 resumable_from=resumable_from,
                 run_id=run_id,
                 fingerprint=self._configuration,
+                base=self._base or {},
                 evaluate=evaluate,
                 secure_range=None if evaluate else self.transport.secure_range,
             )

@@ -40,7 +40,9 @@ from lightning_fed.deploy.secure_sum import out_of_range, split_round_state, sum
 from lightning_fed.deploy.site_store import SiteStateStore
 from lightning_fed.deploy.wire import decode, encode
 from lightning_fed.engine import ClientHalf, algorithm_objects, install_site_loop
+from lightning_fed.functional.federated_state import BaseFingerprint, base_fingerprint, federated_keys
 from lightning_fed.messages import ClientReply, ClientTask
+from lightning_fed.run.checkpoint_state import check_same_base
 from lightning_fed.run.setup_checks import check_federation_setup
 from lightning_fed.trainer import FederatedTrainer
 
@@ -130,6 +132,7 @@ class _SiteWorker:
         self.trainer = trainer
         self.fingerprint = algorithm_fingerprint(trainer, module)
         self._built: dict[str, dict[str, Any]] = {}
+        self._base: BaseFingerprint | None = None
         self._thread = threading.Thread(
             target=self._fit, args=(trainer, module, datamodule), name="lightning_fed-site", daemon=True
         )
@@ -182,6 +185,9 @@ class _SiteWorker:
         # The algorithm objects as built: every task starts from them, as a freshly started site would.
         objects: dict[str, Any] = algorithm_objects(trainer)
         self._built = {key: copy.deepcopy(obj.state_dict()) for key, obj in objects.items()}
+        # The site's frozen base, hashed once: it never changes, and every task's base is checked against it.
+        module = trainer.lightning_module
+        self._base = base_fingerprint(module, federated_keys(module, trainer.federated_keys))
         while (job := self._jobs.get()) is not None:
             try:
                 self._answer(client, job)
@@ -195,6 +201,15 @@ class _SiteWorker:
         trainer, task = self.trainer, job.task
         if task.fingerprint:
             check_same_configuration(task.fingerprint, self.fingerprint)
+        if task.base:
+            assert self._base is not None
+            check_same_base(
+                BaseFingerprint.from_dict(task.base),
+                self._base,
+                "This site's frozen base",
+                "build the site's model on the server's base (the same pretrained weights)",
+                error=ValueError,
+            )
         if task.seed != self.seed:
             raise ValueError(
                 f"This site serves a run with seed {self.seed}, and a task of seed {task.seed} arrived: start the"

@@ -59,7 +59,7 @@ class ClientHalf:
     Args:
         trainer: The federated trainer (settings, datamodule, aggregator, client store).
         module: The user's LightningModule; during the half it holds each client's model in turn.
-        live: The module's live state (``state_dict(keep_vars=True)``).
+        live: The live tensors of the module's federated part (``functional.federated_state``).
         steps: Counts the clients' optimizer steps.
         hooks: Calls the callbacks' federated hooks.
         boundary: Asked before each client (or batched group), and once more after the last, whether to stop the

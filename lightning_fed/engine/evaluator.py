@@ -42,7 +42,8 @@ class RoundEvaluator:
     Args:
         trainer: The federated trainer (its evaluation settings, datamodule and client store).
         module: The user's module, holding the new global model.
-        live: The module's live state (``state_dict(keep_vars=True)``), loaded with personalised models in turn.
+        live: The live tensors of the module's federated part (``functional.federated_state``), loaded with
+            personalised models in turn.
         buffer: Where ``self.log`` values go during evaluation passes.
         dispatch: Calls a federated hook on every callback (``on_client_evaluate_start``).
     """

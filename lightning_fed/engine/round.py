@@ -25,6 +25,7 @@ from lightning_fed.engine.evaluator import ClientEvaluation, RoundEvaluator
 from lightning_fed.engine.local_training import LocalTrainer
 from lightning_fed.engine.server_half import ServerHalf
 from lightning_fed.engine.step_counter import StepCounter
+from lightning_fed.functional.federated_state import federated_state
 from lightning_fed.functional.state_dict import StateDict, clone_state, copy_state_
 from lightning_fed.messages import ClientReply, ClientTask
 from lightning_fed.parallel import distributed
@@ -90,7 +91,10 @@ class RoundRunner:
     ) -> None:
         self.trainer = trainer
         self.module = module
-        self.live: StateDict = module.state_dict(keep_vars=True)
+        # The federated part only: every copy the round makes of the model (the global snapshot, each client's
+        # update, the aggregator's sums, the store's personal models, the wire) is of what the clients change. The
+        # frozen base stays in the module, once.
+        self.live: StateDict = federated_state(module, trainer.federated_keys)
         self.hooks = HookDispatcher(trainer, module)
         self.client = ClientHalf(trainer, module, self.live, steps, self.hooks, boundary)
         evaluator = RoundEvaluator(trainer, module, self.live, self.client.local.buffer, self.hooks.call)

@@ -50,7 +50,8 @@ class ServerHalf:
     Args:
         trainer: The federated trainer (sampler, aggregator, callbacks, federation state).
         module: The user's LightningModule.
-        live: The module's live state (``state_dict(keep_vars=True)``), loaded with the aggregate at the end.
+        live: The live tensors of the module's federated part (``functional.federated_state``), loaded with the
+            aggregate at the end.
         steps: The fit's step counter (advanced by the other ranks' steps once the replies are combined).
         hooks: Calls the callbacks' federated hooks.
         evaluator: The round's evaluation phase.

@@ -184,7 +184,7 @@ def experiment_fingerprint(
             seen[name] = count + 1
             out.update(describe(callback, f"callbacks.{name}" + (f"[{count}]" if count else "")))
     seed = trainer.seed if trainer.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
-    settings = {
+    settings: dict[str, Any] = {
         "seed": seed,
         "clients_per_round": trainer.sampler.clients_per_round,
         "local_epochs": trainer.local_epochs,
@@ -195,6 +195,9 @@ def experiment_fingerprint(
         "accumulate_grad_batches": trainer.accumulate_grad_batches,
         "precision": str(trainer.precision),
     }
+    if trainer.federated_keys is not None:
+        # Only when set: runs saved before the setting existed resume unchanged.
+        settings["federated_keys"] = list(trainer.federated_keys)
     for name, value in settings.items():
         out.update(_flatten(value, f"trainer.{name}", 1))
     return out

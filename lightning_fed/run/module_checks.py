@@ -25,6 +25,7 @@ from lightning_fed.aggregation import Aggregator
 from lightning_fed.callbacks.warmup import SharedDataWarmup
 from lightning_fed.callbacks.weight_divergence import WeightDivergence
 from lightning_fed.checks import InvalidArgumentError
+from lightning_fed.functional.federated_state import federated_keys
 from lightning_fed.hooks import FedCallback
 
 if TYPE_CHECKING:
@@ -72,6 +73,13 @@ def check_lightning_package(model: Any, name: str = "model") -> None:
             " lightning_fed is built on `lightning.pytorch`: change its import to `import lightning.pytorch as pl`"
             " (or `from lightning.pytorch import LightningModule`)."
         )
+
+
+def check_federated_part(trainer: FederatedTrainer, module: LightningModule) -> None:
+    """The module's federated part is well declared (:func:`~lightning_fed.functional.federated_state.federated_keys`:
+    every pattern matches, every trainable parameter is federated, the part is not empty); refused in one line
+    before the run writes anything."""
+    federated_keys(module, trainer.federated_keys)
 
 
 def check_optimization_setup(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_fed.context import RoundResult
+from lightning_fed.functional.federated_state import BaseFingerprint
 from lightning_fed.run.fingerprint import Fingerprint
 from lightning_fed.run.resumed_settings import ConfiguredOptimizers
 
@@ -36,6 +37,8 @@ class RunSession:
         configured_optimizers: What ``configure_optimizers`` built, kept while a resume that changed the module's
             settings restores the checkpoint, to be put back over the restored optimizers
             (:mod:`lightning_fed.run.resumed_settings`).
+        base: The id of the fit's module and the fingerprint of its frozen base, computed once per fit when first
+            needed (a restore, a checkpoint, a deployed task).
     """
 
     run_checkpoints: list[ModelCheckpoint] = field(default_factory=list)
@@ -47,6 +50,7 @@ class RunSession:
     summary_path: Path | None = None
     resume_changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     configured_optimizers: ConfiguredOptimizers | None = None
+    base: tuple[int, BaseFingerprint] | None = None
 
     def start(
         self, fingerprint: Fingerprint, restored: bool, changes: dict[str, tuple[Any, Any]] | None = None
@@ -58,6 +62,7 @@ class RunSession:
         self.resume_changes = dict(changes or {})
         self.configured_optimizers = None
         self.run_dir = None
+        self.base = None
 
 
 __all__ = ["RunSession"]

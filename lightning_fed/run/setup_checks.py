@@ -261,6 +261,17 @@ def check_federation_setup(trainer: FederatedTrainer, module: LightningModule) -
     check_no_sync_batchnorm(module, trainer.world_size)
 
 
+def check_federated_keys(value: Any) -> list[str] | None:
+    """``federated_keys`` is ``None`` or a non-empty list of glob patterns (strings); returns it as a list."""
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+        raise InvalidArgumentError("federated_keys", value, "a non-empty list of glob patterns on state_dict keys")
+    if not all(isinstance(pattern, str) and pattern for pattern in value):
+        raise InvalidArgumentError("federated_keys", value, "a non-empty list of glob patterns on state_dict keys")
+    return list(value)
+
+
 def check_client_parallelism(value: Any) -> int | str:
     """``client_parallelism`` is ``"auto"`` or a group size of at least 1; returns it."""
     if value == "auto":

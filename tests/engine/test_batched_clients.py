@@ -234,3 +234,61 @@ def test_a_diverging_client_of_a_group_is_rejected_as_sequentially(tmp_path):
     assert trainer_seq.federation_state.store.clients("scaffold") == trainer_batched.federation_state.store.clients(
         "scaffold"
     )
+
+
+class FrozenTrunkModule(OptimizerModule):
+    """The boring MLP whose first layer is a frozen base, as a pretrained trunk under adapters."""
+
+    def __init__(self, optimizer: str = "adam") -> None:
+        super().__init__(optimizer)
+        self.net[0].requires_grad_(False)
+
+
+@pytest.mark.parametrize(("algorithm", "optimizer"), [("fedavg", "adam"), ("scaffold", "momentum")])
+def test_a_group_stacks_the_federated_part_only_on_one_frozen_base(tmp_path, monkeypatch, algorithm, optimizer):
+    """Memory: base + G × federated part. The group stacks the trainable part; the frozen base stays in the module,
+    one copy, passed unstacked to every client of the group; the result is the sequential one."""
+    from lightning_fed.engine.batched.layout import GradientLayouts
+
+    stacked: dict[str, tuple[int, ...]] = {}
+    original_stack = GradientLayouts.stack
+
+    def recording_stack(layouts, name, tensors):
+        out = original_stack(layouts, name, tensors)
+        stacked[name] = tuple(out.shape)
+        return out
+
+    results = []
+    for parallelism in (1, 4):
+        callbacks, aggregator = ALGORITHMS[algorithm]()
+        monkeypatch.setattr(GradientLayouts, "stack", recording_stack)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="client_parallelism")
+            weights, _, trainer = _fit(
+                parallelism, lambda: FrozenTrunkModule(optimizer), callbacks, aggregator, default_root_dir=str(tmp_path)
+            )
+        monkeypatch.undo()
+        results.append(weights)
+    sequential, batched = results
+    assert trainer.fed_runner.batched.size == 4
+    _assert_same(batched, sequential)
+    assert torch.equal(batched["net.0.weight"], sequential["net.0.weight"])
+    # Only the federated part was stacked, one row per client of a group.
+    assert stacked and not {"net.0.weight", "net.0.bias"} & set(stacked), sorted(stacked)
+    assert set(stacked) == {"net.3.weight", "net.3.bias"} and all(shape[0] <= 4 for shape in stacked.values())
+
+
+def test_auto_sizes_groups_by_the_federated_part():
+    """A client of a group costs its federated part: the frozen base is shared, so a big frozen trunk with a small
+    head gets groups as large as the head allows."""
+    from helpers.boring import BigTrunkClassifier
+
+    from lightning_fed.engine.batched.support import CPU_GROUP_BYTES, auto_group_size
+    from lightning_fed.functional.federated_state import federated_keys
+
+    module = BigTrunkClassifier()
+    head = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    whole = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    cpu = torch.device("cpu")
+    assert auto_group_size(module, cpu, federated_keys(module)) == CPU_GROUP_BYTES // head
+    assert auto_group_size(module, cpu) == max(1, CPU_GROUP_BYTES // whole)

@@ -181,6 +181,51 @@ def one_cycle_lrs(total_steps: int, max_lr: float = 0.5) -> list[float]:
     return lrs
 
 
+class FrozenTrunkClassifier(BoringClassifier):
+    """A :class:`BoringClassifier` whose first layer is a frozen base (as a pretrained trunk under adapters): only
+    the later layers and the BatchNorm statistics are federated."""
+
+    #: The frozen base's state_dict keys.
+    FROZEN = ("net.0.weight", "net.0.bias")
+
+    def __init__(self, lr: float = 0.1, batch_norm: bool = True, **kwargs: Any) -> None:
+        super().__init__(lr=lr, batch_norm=batch_norm, **kwargs)
+        self.net[0].requires_grad_(False)
+
+
+class BigTrunk(nn.Module):
+    """A large frozen trunk and a small trainable head."""
+
+    def __init__(self, width: int = 512, depth: int = 6) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Linear(NUM_FEATURES, width), nn.ReLU()]
+        for _ in range(depth - 1):
+            layers += [nn.Linear(width, width), nn.ReLU()]
+        self.trunk = nn.Sequential(*layers).requires_grad_(False)
+        self.head = nn.Linear(width, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.trunk(x))
+
+
+class BigTrunkClassifier(FrozenTrunkClassifier):
+    """A classifier on a big frozen trunk (about 5 MB) with a small trainable head (8 KB), as a foundation model
+    under a small adapter."""
+
+    FROZEN = tuple(f"net.trunk.{2 * layer}.{name}" for layer in range(6) for name in ("weight", "bias"))
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = BigTrunk()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=self.lr)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+
 def fast_trainer(tmp_path: Any, **kwargs: Any) -> FederatedTrainer:
     """A quiet CPU trainer writing under ``tmp_path``."""
     defaults: dict[str, Any] = dict(

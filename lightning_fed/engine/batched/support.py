@@ -22,6 +22,7 @@ from lightning_fed.engine.training_step import (
     isolated_pass,
     loss_of,
 )
+from lightning_fed.functional.federated_state import federated_state
 from lightning_fed.functional.stacked_optim import unsupported_optimizer
 from lightning_fed.hooks import FedCallback
 from lightning_fed.utilities.seeding import derive_seed
@@ -58,6 +59,8 @@ class TrainingStep(nn.Module):
                 log(name, value, *args, **kwargs)
 
         with routed_logging(self.module, log, log_dict):
+            # Only the stacked federated part is substituted; every other tensor (the frozen base) is the module's
+            # own, unstacked, so that vmap broadcasts one copy of it to every client of the group.
             named = {f"module.{name}": tensor for name, tensor in params.items()}
             return torch.func.functional_call(self, named, (batch, batch_idx))
 
@@ -118,11 +121,14 @@ def stack_batches(batches: Sequence[Any]) -> Any:
     return first
 
 
-def auto_group_size(module: LightningModule, device: torch.device) -> int:
+def auto_group_size(module: LightningModule, device: torch.device, federated: Sequence[str] | None = None) -> int:
     """The ``"auto"`` group size: on a CPU, as many clients as keep the stacked parameters cache-sized, and 1 for
     convolutional models (grouped convolutions gained nothing on a CPU); on a GPU, as many as fit in a share of the
-    free memory, at most ``GPU_MAX_GROUP``."""
-    per_client = sum(t.numel() * t.element_size() for t in module.state_dict().values()) or 1
+    free memory, at most ``GPU_MAX_GROUP``. A client costs its federated part (``federated``: those ``state_dict``
+    keys; ``None``: the whole state): the frozen base is shared by the group, unstacked."""
+    state = module.state_dict()
+    names = list(state) if federated is None else federated
+    per_client = sum(state[n].numel() * state[n].element_size() for n in names) or 1
     if device.type != "cuda":
         if any(isinstance(m, _CONVOLUTIONS) for m in module.modules()):
             return 1
@@ -219,7 +225,9 @@ def _trial_reason(
             batch = stack_batches([batch, batch])
             if trainer.strategy.root_device.type != "cpu":
                 batch = trainer.strategy.batch_to_device(batch)
-            params = {n: torch.stack([t.detach(), t.detach()]) for n, t in module.state_dict().items()}
+            # As the group trains: the federated part stacked, the frozen base left in the module, unstacked.
+            federated = federated_state(module, trainer.federated_keys)
+            params = {n: torch.stack([t.detach(), t.detach()]) for n, t in federated.items()}
             leaves = [params[n].requires_grad_(True) for n, p in module.named_parameters() if p.requires_grad]
             loss = torch.func.vmap(one_client, randomness="different")(params, batch)
             if loss.requires_grad:

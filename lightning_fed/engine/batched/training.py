@@ -1,11 +1,13 @@
 """Training several clients side by side in one vectorised step (``FederatedTrainer(client_parallelism=...)``).
 
-The clients of a group hold their parameters stacked along a new dimension 0. Each step runs the user's unchanged
-``training_step`` once for the whole group: ``torch.func.vmap`` over ``torch.func.functional_call`` with the stacked
-parameters and the stacked batches, so a linear layer becomes one batched matrix product instead of one small
-product per client. The per-client losses are independent, so the gradient of their sum is every client's own
-gradient; the optimizer's update is ``torch.optim``'s own arithmetic on the stacked tensors
-(:mod:`lightning_fed.functional.stacked_optim`).
+The clients of a group hold their federated part (:mod:`~lightning_fed.functional.federated_state`: the trainable
+parameters and the buffers) stacked along a new dimension 0; the frozen base stays in the module, one copy for the
+whole group, so that a group of G clients costs base + G × federated part (many clients' adapters on one foundation
+model). Each step runs the user's unchanged ``training_step`` once for the whole group: ``torch.func.vmap`` over
+``torch.func.functional_call`` with the stacked federated part, the frozen base unstacked, and the stacked batches,
+so a linear layer becomes one batched matrix product instead of one small product per client. The per-client losses
+are independent, so the gradient of their sum is every client's own gradient; the optimizer's update is
+``torch.optim``'s own arithmetic on the stacked tensors (:mod:`lightning_fed.functional.stacked_optim`).
 
 Clients step in lockstep. A client whose data has run out leaves the group's steps, and clients whose batch has a
 different shape (a last, smaller batch), index or step count step separately, so ragged clients train exactly as
@@ -37,6 +39,7 @@ from lightning_fed.engine.dispatch import HookDispatcher
 from lightning_fed.engine.log_buffer import batch_size_of
 from lightning_fed.engine.step_counter import StepCounter, record_step_sizes
 from lightning_fed.engine.training_step import client_batches, loss_of
+from lightning_fed.functional.federated_state import federated_keys
 from lightning_fed.functional.stacked_optim import StackedHyperparameters, hyperparameters, stacked_step_
 from lightning_fed.functional.state_dict import StateDict, finite_rows
 from lightning_fed.hooks import ClientGroup, GroupStep
@@ -99,7 +102,8 @@ class ClientGroups:
             )
             return 1
         if setting == "auto":
-            return auto_group_size(self.module, self.trainer.strategy.root_device)
+            federated = federated_keys(self.module, self.trainer.federated_keys)
+            return auto_group_size(self.module, self.trainer.strategy.root_device, federated)
         return int(setting)
 
     def fit_group(
