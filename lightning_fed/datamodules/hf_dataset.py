@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
@@ -74,16 +75,12 @@ class HFDatasetAdapter(Dataset[dict[str, Any]]):
 
 
 def _label_tensor(dataset: Any, column: str) -> Tensor:
-    """The column as int64 class ids; a float, text or nested column is refused in one line."""
-    values = dataset.with_format("numpy", columns=[column])[column]
-    labels = torch.as_tensor(values)
-    if labels.ndim != 1 or labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise InvalidArgumentError(
-            "label_column",
-            column,
-            f"a column of integer class ids (it holds {labels.dtype} of shape {list(labels.shape)})",
-        )
-    return labels.to(torch.int64)
+    """The column as int64 class ids; a float, boolean, text or nested column is refused in one line."""
+    values = np.asarray(dataset.with_format("numpy", columns=[column])[column])
+    if values.ndim != 1 or values.dtype.kind not in "iu":
+        held = f"it holds {values.dtype} of shape {list(values.shape)}"
+        raise InvalidArgumentError("label_column", column, f"a column of integer class ids ({held})")
+    return torch.as_tensor(values, dtype=torch.int64)
 
 
 class HFDatasetFederated(DatasetFederated):

@@ -195,13 +195,14 @@ class TokenPatternsFederated(FederatedDataModule):
         )
         self.num_samples, self.num_test_samples = num_samples, num_test_samples
         self.vocab_size, self.seq_len, self.min_length = vocab_size, seq_len, min_length
+        self.num_patterns = num_classes  # `num_classes` as the generator reads it (the base class allows None)
 
     def _draw(self, split: str, num_samples: int) -> TokenSequenceDataset:
         generator = torch.Generator().manual_seed(derive_seed(self.seed, "token_patterns", split))
         input_ids, attention_mask, classes = token_patterns(
-            num_samples, self.num_classes, self.vocab_size, self.seq_len, self.min_length, self.seed, generator
+            num_samples, self.num_patterns, self.vocab_size, self.seq_len, self.min_length, self.seed, generator
         )
-        return TokenSequenceDataset(input_ids, attention_mask, classes, self.task)  # type: ignore[arg-type]
+        return TokenSequenceDataset(input_ids, attention_mask, classes, self.task)
 
     @override
     def _load_datasets(self) -> tuple[TokenSequenceDataset, TokenSequenceDataset]:

@@ -160,6 +160,9 @@ class HFLoRAModule(L.LightningModule):
             self.model: nn.Module = peft.get_peft_model(base, lora)
         except ValueError as error:  # PEFT names the missing target; say which setting to change
             raise InvalidArgumentError("target_modules", list(targets), f"layers of the model ({error})") from error
+        # transformers builds and loads models in eval mode, and Lightning keeps the modes it finds at the start of
+        # training: without this, dropout (``lora_dropout``, the model's own) would be off while training.
+        self.model.train()
 
     @override
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None) -> Any:
@@ -248,12 +251,11 @@ def _base_model(
 ) -> nn.Module:
     """The ``transformers`` model before LoRA: random init from a config, or ``from_pretrained``."""
     auto = transformers.AutoModelForCausalLM if task == "causal_lm" else transformers.AutoModelForSequenceClassification
-    if num_labels is not None:
-        settings["num_labels"] = num_labels
+    overrides = settings if num_labels is None else {**settings, "num_labels": num_labels}
     if pretrained is not None:
         known = transformers.AutoConfig.from_pretrained(pretrained)
         _check_config_keys(settings, known)
-        return auto.from_pretrained(pretrained, **settings)
+        return auto.from_pretrained(pretrained, **overrides)
     try:
         known = transformers.AutoConfig.for_model(model_type)
     except ValueError as error:
@@ -261,7 +263,7 @@ def _base_model(
             "model_type", model_type, "a transformers architecture name, e.g. 'llama', 'qwen2', 'gpt2'"
         ) from error
     _check_config_keys(settings, known)
-    model_config = transformers.AutoConfig.for_model(model_type, **settings)
+    model_config = transformers.AutoConfig.for_model(model_type, **overrides)
     if task == "sequence_classification" and model_config.pad_token_id is None:
         # LLaMA-shaped classifiers read the last token before the padding: without a padding id they refuse batches.
         raise InvalidArgumentError(
