@@ -253,34 +253,41 @@ def _base_model(
     auto = transformers.AutoModelForCausalLM if task == "causal_lm" else transformers.AutoModelForSequenceClassification
     overrides = settings if num_labels is None else {**settings, "num_labels": num_labels}
     if pretrained is not None:
-        known = transformers.AutoConfig.from_pretrained(pretrained)
-        _check_config_keys(settings, known)
-        return auto.from_pretrained(pretrained, **overrides)
-    try:
-        known = transformers.AutoConfig.for_model(model_type)
-    except ValueError as error:
-        raise InvalidArgumentError(
-            "model_type", model_type, "a transformers architecture name, e.g. 'llama', 'qwen2', 'gpt2'"
-        ) from error
-    _check_config_keys(settings, known)
-    model_config = transformers.AutoConfig.for_model(model_type, **overrides)
+        default = transformers.AutoConfig.from_pretrained(pretrained)
+        model_config = transformers.AutoConfig.from_pretrained(pretrained, **overrides)
+    else:
+        try:
+            default = transformers.AutoConfig.for_model(model_type)
+        except ValueError as error:
+            raise InvalidArgumentError(
+                "model_type", model_type, "a transformers architecture name, e.g. 'llama', 'qwen2', 'gpt2'"
+            ) from error
+        model_config = transformers.AutoConfig.for_model(model_type, **overrides)
+    _check_config_keys(settings, default, model_config)
     if task == "sequence_classification" and model_config.pad_token_id is None:
         # LLaMA-shaped classifiers read the last token before the padding: without a padding id they refuse batches.
         raise InvalidArgumentError(
             "config", settings, "a mapping with `pad_token_id` (the id that pads sequences) for sequence_classification"
         )
+    if pretrained is not None:
+        return auto.from_pretrained(pretrained, config=model_config)
     return auto.from_config(model_config)
 
 
-def _check_config_keys(settings: Mapping[str, Any], known: Any) -> None:
-    """Every key of ``settings`` is a setting of the config ``known`` (transformers keeps unknown keys silently)."""
-    names = set(known.to_dict())
+def _check_config_keys(settings: Mapping[str, Any], default: Any, built: Any) -> None:
+    """Every key of ``settings`` is a setting of the model's config.
+
+    transformers keeps a key it does not know as an attribute of its own, so a misspelt ``hiden_size`` would be
+    silently ignored: a key that the built config holds under its own name but the default config does not is one.
+    Settings that transformers consumes (``attn_implementation``) or renames stay allowed.
+    """
+    known, held = set(default.to_dict()), set(built.to_dict())
     for key in settings:
-        if key not in names and key != "num_labels" and not hasattr(known, key):
+        if key in held and key not in known:
             raise InvalidArgumentError(
                 "config",
                 dict(settings),
-                f"a mapping of {type(known).__name__}'s settings (`{key}` is not one; e.g. hidden_size,"
+                f"a mapping of {type(default).__name__}'s settings (`{key}` is not one; e.g. hidden_size,"
                 " num_hidden_layers, vocab_size)",
             )
 

@@ -4,6 +4,7 @@ task and a ``datasets.Dataset``), only its adapters changing; the one line a use
 from __future__ import annotations
 
 import sys
+import warnings
 
 import lightning.pytorch as L
 import pytest
@@ -40,7 +41,8 @@ def _module(task: str = "causal_lm", **kwargs) -> HFLoRAModule:
     L.seed_everything(0)
     if task == "sequence_classification":
         kwargs.setdefault("num_labels", 4)
-    return HFLoRAModule(task=task, config=dict(TINY), lr=0.01, **kwargs)
+    kwargs.setdefault("config", dict(TINY))
+    return HFLoRAModule(task=task, lr=0.01, **kwargs)
 
 
 def _mean_loss(module: HFLoRAModule, loader) -> float:
@@ -116,6 +118,28 @@ def test_trains_on_a_datasets_dataset_split_by_a_partitioner(tmp_path) -> None:
     assert _mean_loss(module, data.test_dataloader()) < 0.5 * before
 
 
+def test_client_parallelism_vectorises_it_with_eager_attention(tmp_path) -> None:
+    # transformers' SDPA mask code branches on the mask's values, which vmap cannot follow; eager attention does not.
+    data = TokenPatternsFederated(IidPartitioner(4), num_samples=160, num_test_samples=32, batch_size=16)
+    trained = []
+    for parallelism in (1, 2):
+        module = _module("sequence_classification", config={**TINY, "attn_implementation": "eager"})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer = fast_trainer(
+                tmp_path / str(parallelism),
+                num_rounds=1,
+                clients_per_round=4,
+                local_epochs=1,
+                client_parallelism=parallelism,
+            )
+            trainer.fit(module, datamodule=data)
+        assert not [w for w in caught if "falls back" in str(w.message)], [str(w.message) for w in caught]
+        trained.append({name: p.detach().clone() for name, p in module.named_parameters() if p.requires_grad})
+    for name, value in trained[0].items():
+        torch.testing.assert_close(trained[1][name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_the_module_starts_in_training_mode() -> None:
     # transformers builds models in eval mode, and Lightning keeps the modes it finds: dropout would never apply.
     module = _module(lora_dropout=0.1)
@@ -163,6 +187,7 @@ def test_loads_a_saved_pretrained_model_from_a_local_directory(tmp_path) -> None
     ("kwargs", "named"),
     [
         ({"config": {**TINY, "hiden_size": 32}}, "`config` must be a mapping of LlamaConfig's settings (`hiden_size`"),
+        ({"config": {**TINY, "num_layers": 2}}, "`config` must be a mapping of LlamaConfig's settings (`num_layers`"),
         ({"task": "sequence_classification"}, "`num_labels` must be the number of classes"),
         ({"num_labels": 3}, "`num_labels` must be null with task='causal_lm'"),
         ({"target_modules": ["qkv"]}, "`target_modules` must be layers of the model"),
