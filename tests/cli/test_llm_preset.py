@@ -35,14 +35,15 @@ def test_the_preset_trains_from_yaml_and_its_loss_falls(tmp_path, capsys, monkey
 
 
 def test_without_the_extra_the_cli_names_it_in_one_line(tmp_path, capsys, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` now fails as if it were not installed
+    # `import transformers` (the first the module needs) now fails as if it were not installed.
+    monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "--config", str(PRESET), "--trainer.default_root_dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
     first = err.splitlines()[0]
     assert first == (
-        "lightning-fed fit: HFLoRAModule needs `peft`, which is not installed: install the `llm` extra"
+        "lightning-fed fit: HFLoRAModule needs `transformers`, which is not installed: install the `llm` extra"
         " (`pip install 'lightning-fed[llm]'`)."
     ), err
     assert "Traceback" not in err
