@@ -74,7 +74,9 @@ def test_trains_federatedly_from_python_and_only_the_adapters_change(task, extra
     data.setup()
     before = _mean_loss(module, data.test_dataloader())
     frozen, trained = _frozen_and_trained(module)
-    fast_trainer(tmp_path, num_rounds=3, clients_per_round=4, local_epochs=1).fit(module, datamodule=data)
+    fast_trainer(tmp_path, num_rounds=3, clients_per_round=4, local_epochs=1, client_eval="none").fit(
+        module, datamodule=data
+    )
     after = _mean_loss(module, data.test_dataloader())
     # Causal LM starts near log(64) = 4.2, the classifier near log(4) = 1.4; both fall by more than half.
     assert after < 0.5 * before, (before, after)
@@ -115,7 +117,9 @@ def test_trains_on_a_datasets_dataset_split_by_a_partitioner(tmp_path) -> None:
     data.setup()
     module = _module("sequence_classification")
     before = _mean_loss(module, data.test_dataloader())
-    fast_trainer(tmp_path, num_rounds=3, clients_per_round=3, local_epochs=1).fit(module, datamodule=data)
+    fast_trainer(tmp_path, num_rounds=3, clients_per_round=3, local_epochs=1, client_eval="none").fit(
+        module, datamodule=data
+    )
     assert _mean_loss(module, data.test_dataloader()) < 0.5 * before
 
 
@@ -133,6 +137,7 @@ def test_client_parallelism_vectorises_it_with_eager_attention(tmp_path) -> None
                 clients_per_round=4,
                 local_epochs=1,
                 client_parallelism=parallelism,
+                client_eval="none",
             )
             trainer.fit(module, datamodule=data)
         assert not [w for w in caught if "falls back" in str(w.message)], [str(w.message) for w in caught]
