@@ -6,7 +6,9 @@ it is given.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,7 +32,8 @@ class HFDatasetAdapter(Dataset[dict[str, Any]]):
     ``truncation=True``), as the default collation stacks them.
 
     Args:
-        dataset: The ``datasets.Dataset`` (a split, not a ``DatasetDict``).
+        dataset: The ``datasets.Dataset`` (a split, not a ``DatasetDict``), or the directory ``save_to_disk`` wrote
+            it to (what a YAML config names).
         label_column: The column of integer class ids the partitioners split by (``targets``); ``None`` for data
             without labels (only a label-free partitioner such as ``IidPartitioner`` splits it).
         columns: The columns each item holds; ``None`` takes them all.
@@ -38,6 +41,8 @@ class HFDatasetAdapter(Dataset[dict[str, Any]]):
 
     def __init__(self, dataset: Any, label_column: str | None = "label", columns: Sequence[str] | None = None) -> None:
         (datasets,) = require_extra(type(self).__name__, "llm", "datasets")
+        if isinstance(dataset, (str, os.PathLike)):
+            dataset = _load_from_disk(datasets, dataset)
         if not isinstance(dataset, datasets.Dataset):
             hint = " (pick a split, e.g. dataset['train'])" if isinstance(dataset, datasets.DatasetDict) else ""
             raise TypeError(f"Expected a `datasets.Dataset`{hint}; got {type(dataset).__name__}.")
@@ -69,9 +74,42 @@ class HFDatasetAdapter(Dataset[dict[str, Any]]):
         return self.dataset[int(index)]
 
     def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
-        """The rows at ``indices``, read in one query (what a batched DataLoader calls) and split into items."""
+        """The rows at ``indices``, read in one query (what a batched DataLoader calls) and split into items.
+
+        Raises:
+            ValueError: If a column's sequences differ in length within the batch (they could not be stacked).
+        """
         batch = self.dataset[list(indices)]
+        for column in self.columns:
+            _check_one_length(column, batch[column])
         return [{column: batch[column][row] for column in self.columns} for row in range(len(indices))]
+
+
+def _check_one_length(column: str, values: Any) -> None:
+    """``datasets`` returns a ragged column as a list of tensors: refuse it in one line, before the collation does."""
+    if not isinstance(values, list) or not values or not isinstance(values[0], Tensor):
+        return
+    lengths = {tuple(value.shape) for value in values}
+    if len(lengths) > 1:
+        raise ValueError(
+            f"Column `{column}` holds sequences of different lengths in one batch ({sorted(lengths)[0]} to"
+            f" {sorted(lengths)[-1]}): tokenize with padding='max_length' (and truncation=True), so that every row"
+            " has one length."
+        )
+
+
+def _load_from_disk(datasets: Any, path: str | os.PathLike) -> Any:
+    """The dataset that ``Dataset.save_to_disk`` wrote at ``path``."""
+    if Path(path, "dataset_dict.json").is_file():
+        raise FileNotFoundError(
+            f"{str(path)!r} holds a `DatasetDict`: name one split's directory (e.g. {str(Path(path, 'train'))!r})."
+        )
+    if not Path(path, "dataset_info.json").is_file():
+        raise FileNotFoundError(
+            f"No dataset saved with `Dataset.save_to_disk` at {str(path)!r} (it has no dataset_info.json): save the"
+            " tokenised split there, or pass the `datasets.Dataset` itself."
+        )
+    return datasets.load_from_disk(str(path))
 
 
 def _label_tensor(dataset: Any, column: str) -> Tensor:
@@ -88,8 +126,9 @@ class HFDatasetFederated(DatasetFederated):
     clients by the partitioner on ``label_column``.
 
     Args:
-        train_dataset: The training ``datasets.Dataset``.
-        test_dataset: The global test ``datasets.Dataset``; ``None`` uses the union of the client test splits.
+        train_dataset: The training ``datasets.Dataset``, or the directory ``Dataset.save_to_disk`` wrote it to
+            (from YAML: ``train_dataset: data/train``).
+        test_dataset: The global test set, likewise; ``None`` uses the union of the client test splits.
         partitioner: Splits the training set among clients (by ``label_column`` where it uses labels).
         label_column: The column of integer class ids (e.g. ``"label"``, or a topic or source column to split by);
             ``None`` for data without labels.

@@ -34,6 +34,43 @@ def test_the_preset_trains_from_yaml_and_its_loss_falls(tmp_path, capsys, monkey
     assert summary["final"]["global/test_acc"] > 0.95
 
 
+def test_a_datasets_dataset_saved_to_disk_trains_from_yaml(tmp_path, capsys, monkeypatch) -> None:
+    datasets = pytest.importorskip("datasets", reason=LLM_EXTRA)
+    pytest.importorskip("transformers", reason=LLM_EXTRA)
+    pytest.importorskip("peft", reason=LLM_EXTRA)
+    from lightning_fed.datamodules import IidPartitioner, TokenPatternsFederated
+
+    monkeypatch.setattr("sys.argv", ["lightning-fed"])
+    # A user's tokenised splits, saved with `save_to_disk`; the YAML names their directories.
+    for split, dataset in zip(
+        ("train", "test"), TokenPatternsFederated(IidPartitioner(1), num_samples=240)._load_datasets()
+    ):
+        rows = {"input_ids": dataset.input_ids.tolist(), "attention_mask": dataset.attention_mask.tolist()}
+        datasets.Dataset.from_dict({**rows, "label": dataset.targets.tolist()}).save_to_disk(str(tmp_path / split))
+    data = tmp_path / "data.yaml"
+    data.write_text(
+        "data:\n"
+        "  class_path: lightning_fed.datamodules.HFDatasetFederated\n"
+        "  init_args:\n"
+        f"    train_dataset: {tmp_path / 'train'}\n"
+        f"    test_dataset: {tmp_path / 'test'}\n"
+        "    label_column: label\n"
+        "    partitioner:\n"
+        "      class_path: lightning_fed.datamodules.DirichletPartitioner\n"
+        "      init_args: {num_partitions: 3, alpha: 1.0, seed: 0}\n"
+    )
+    FederatedCLI(
+        args=["fit", "--config", str(PRESET), "--config", str(data), "--trainer.num_rounds", "2"]
+        + ["--trainer.clients_per_round", "3", "--trainer.default_root_dir", str(tmp_path / "run")]
+    )
+    printed = capsys.readouterr().out
+    summary_line = next(line for line in printed.splitlines() if line.startswith("[lightning_fed] summary: "))
+    summary = json.loads(Path(summary_line.split(": ", 1)[1]).read_text())
+    assert summary["completed_rounds"] == 2 and summary["num_clients"] == 3
+    losses = [entry["global/test_loss"] for entry in summary["history"]]
+    assert losses[1] < losses[0] < math.log(4), losses
+
+
 def test_without_the_extra_the_cli_names_it_in_one_line(tmp_path, capsys, monkeypatch) -> None:
     # `import transformers` (the first the module needs) now fails as if it were not installed.
     monkeypatch.setitem(sys.modules, "transformers", None)

@@ -188,3 +188,30 @@ def test_without_the_extra_one_line_names_it(monkeypatch) -> None:
     expected = r"^HFDatasetAdapter needs `datasets`.*pip install 'lightning-fed\[llm\]'"
     with pytest.raises(MissingExtraError, match=expected):
         HFDatasetFederated(object(), None, IidPartitioner(2))
+
+
+def test_sequences_of_different_lengths_in_a_batch_are_refused_naming_the_fix(datasets) -> None:
+    from lightning_fed.datamodules import HFDatasetFederated
+
+    ragged = datasets.Dataset.from_dict({"input_ids": [[1, 2], [3, 4, 5]] * 10, "label": [0, 1] * 10})
+    data = HFDatasetFederated(ragged, None, IidPartitioner(2), batch_size=10)
+    data.setup()
+    with pytest.raises(
+        ValueError, match=r"^Column `input_ids` holds sequences of different lengths.*padding='max_length'"
+    ):
+        next(iter(data.client_dataloader(0, seed=0)))
+
+
+def test_a_dataset_saved_to_disk_is_loaded_from_its_directory(datasets, tmp_path) -> None:
+    from lightning_fed.datamodules import HFDatasetFederated
+
+    rows = _rows(datasets)
+    rows.save_to_disk(str(tmp_path / "train"))
+    data = HFDatasetFederated(str(tmp_path / "train"), None, DirichletPartitioner(2, alpha=1.0, seed=0))
+    data.setup()
+    assert torch.equal(data._split.labels, torch.tensor(rows["label"]))
+    datasets.DatasetDict({"train": rows}).save_to_disk(str(tmp_path / "splits"))
+    with pytest.raises(FileNotFoundError, match="holds a `DatasetDict`: name one split's directory"):
+        HFDatasetFederated(str(tmp_path / "splits"), None, IidPartitioner(2))
+    with pytest.raises(FileNotFoundError, match="No dataset saved with `Dataset.save_to_disk`"):
+        HFDatasetFederated(str(tmp_path / "nothing"), None, IidPartitioner(2))
