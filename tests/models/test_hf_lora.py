@@ -146,6 +146,22 @@ def test_client_parallelism_vectorises_it_with_eager_attention(tmp_path) -> None
         torch.testing.assert_close(trained[1][name], value, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_a_run_resumed_from_its_first_round_ends_bit_identical(tmp_path) -> None:
+    data = TokenPatternsFederated(DirichletPartitioner(2, alpha=1.0, seed=0), num_samples=128, batch_size=16)
+    settings = dict(num_rounds=2, clients_per_round=2, seed=0, enable_checkpointing=True, client_eval="none")
+    whole = _module("sequence_classification")
+    trainer = fast_trainer(tmp_path / "whole", **settings)
+    trainer.fit(whole, datamodule=data)
+    first_round = trainer.fed_run_dir / "checkpoints" / "round0000.ckpt"
+    resumed = _module("sequence_classification")
+    with torch.no_grad():  # a different start, so that only the checkpoint can make them equal
+        for parameter in resumed.parameters():
+            parameter.add_(1.0)
+    fast_trainer(tmp_path / "resumed", **settings).fit(resumed, datamodule=data, ckpt_path=str(first_round))
+    for (name, value), (_, other) in zip(whole.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(value, other), name
+
+
 def test_the_module_starts_in_training_mode() -> None:
     # transformers builds models in eval mode, and Lightning keeps the modes it finds: dropout would never apply.
     module = _module(lora_dropout=0.1)
