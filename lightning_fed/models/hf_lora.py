@@ -189,6 +189,13 @@ class HFLoRAModule(L.LightningModule):
             if self.task == "sequence_classification":
                 raise ValueError("A sequence_classification batch needs `labels` (or `label`): the class ids [B].")
             labels = input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
+        expected = 1 if self.task == "sequence_classification" else 2
+        if labels.ndim != expected:
+            shape = "[B] (a class per sequence)" if expected == 1 else "[B, T] (a target per token)"
+            raise ValueError(
+                f"task={self.task!r} takes `labels` of shape {shape}; the batch's are {list(labels.shape)}: serve"
+                " labels for this task (e.g. the datamodule's `task`), or set the module's `task`."
+            )
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
     def _loss_and_accuracy(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor, int]:

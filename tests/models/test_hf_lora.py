@@ -230,6 +230,14 @@ def test_bad_settings_are_named_in_one_line(kwargs, named) -> None:
     assert "\n" not in str(raised.value)
 
 
+def test_labels_of_the_other_task_are_refused_naming_both_settings() -> None:
+    ids = torch.tensor([[3, 4, 5]])
+    with pytest.raises(ValueError, match=r"task='sequence_classification' takes `labels` of shape \[B\].*\[1, 3\]"):
+        _module("sequence_classification").model_inputs({"input_ids": ids, "labels": ids})
+    with pytest.raises(ValueError, match=r"task='causal_lm' takes `labels` of shape \[B, T\].*\[1\]"):
+        _module().model_inputs({"input_ids": ids, "labels": torch.tensor([2])})
+
+
 def test_a_batch_without_input_ids_is_refused_naming_the_keys() -> None:
     with pytest.raises(ValueError, match=r"dict batches with `input_ids`.*got \['image', 'label'\]"):
         _module().model_inputs({"image": torch.zeros(1), "label": torch.zeros(1)})
