@@ -43,7 +43,8 @@ def _module(task: str = "causal_lm", **kwargs) -> HFLoRAModule:
     if task == "sequence_classification":
         kwargs.setdefault("num_labels", 4)
     kwargs.setdefault("config", dict(TINY))
-    return HFLoRAModule(task=task, lr=0.01, **kwargs)
+    kwargs.setdefault("lr", 0.01)
+    return HFLoRAModule(task=task, **kwargs)
 
 
 def _mean_loss(module: HFLoRAModule, loader) -> float:
@@ -64,7 +65,7 @@ def _frozen_and_trained(module: HFLoRAModule) -> tuple[dict[str, torch.Tensor], 
 
 @pytest.mark.parametrize(
     ("task", "extra"),
-    [("causal_lm", {"modules_to_save": ["lm_head"]}), ("sequence_classification", {})],
+    [("causal_lm", {"modules_to_save": ["lm_head"], "lr": 0.03}), ("sequence_classification", {})],
 )
 def test_trains_federatedly_from_python_and_only_the_adapters_change(task, extra, tmp_path) -> None:
     module = _module(task, **extra)
@@ -78,7 +79,8 @@ def test_trains_federatedly_from_python_and_only_the_adapters_change(task, extra
         module, datamodule=data
     )
     after = _mean_loss(module, data.test_dataloader())
-    # Causal LM starts near log(64) = 4.2, the classifier near log(4) = 1.4; both fall by more than half.
+    # Causal LM starts near log(64) = 4.2, the classifier near log(4) = 1.4; both fall by more than half (here to 0.49
+    # and 0.27).
     assert after < 0.5 * before, (before, after)
     frozen_after, trained_after = _frozen_and_trained(module)
     assert frozen_after.keys() == frozen.keys()
