@@ -35,6 +35,7 @@ from lightning.pytorch import Trainer
 
 from lightning_fed.checks import InvalidArgumentError
 from lightning_fed.run.resume import ResumeError
+from lightning_fed.utilities.extras import MissingExtraError
 
 TRACEBACK_ENV = "LIGHTNING_FED_TRACEBACK"
 """Environment variable that, set to anything but ``""``/``0``/``false``, shows tracebacks of bad-input errors."""
@@ -313,6 +314,10 @@ def error_line(error: BaseException, config: Any = None, before_run: bool = Fals
     if resume is not None:
         # A refused resume names what to change itself (one line per differing setting): no traceback adds to it.
         return str(resume)
+    missing = next((link for link in exception_chain(error) if isinstance(link, MissingExtraError)), None)
+    if missing is not None:
+        # A component the config names needs an optional extra: the line names the extra to install.
+        return str(missing)
     invalid = find_invalid_argument(error)
     if invalid is not None:
         path = argument_path(invalid, config)

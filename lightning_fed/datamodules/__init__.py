@@ -7,6 +7,7 @@ and ``lightning_fed.datamodules.DirichletPartitioner``.
 from lightning_fed.datamodules.base import FederatedDataModule
 from lightning_fed.datamodules.dataset_federated import DatasetFederated
 from lightning_fed.datamodules.generated import MNIST1DFederated, SyntheticFederated, synthetic_fedprox
+from lightning_fed.datamodules.hf_dataset import HFDatasetAdapter, HFDatasetFederated
 from lightning_fed.datamodules.leaf import FEMNISTFederated, Sent140Federated
 from lightning_fed.datamodules.partitioners import (
     DirichletPartitioner,
@@ -21,6 +22,7 @@ from lightning_fed.datamodules.partitioners import (
 from lightning_fed.datamodules.shakespeare import ShakespeareFederated
 from lightning_fed.datamodules.sharing import DataSharing
 from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset, tensor_dataloader
+from lightning_fed.datamodules.token_patterns import TokenPatternsFederated, TokenSequenceDataset
 from lightning_fed.datamodules.vision import (
     DEBIAN_FASHION_MNIST_DIR,
     CIFAR10Federated,
@@ -41,6 +43,8 @@ __all__ = [
     "FEMNISTFederated",
     "FashionMNISTFederated",
     "FederatedDataModule",
+    "HFDatasetAdapter",
+    "HFDatasetFederated",
     "MNIST1DFederated",
     "MNISTFederated",
     "SVHNFederated",
@@ -48,6 +52,8 @@ __all__ = [
     "ShakespeareFederated",
     "SyntheticFederated",
     "TensorClassificationDataset",
+    "TokenPatternsFederated",
+    "TokenSequenceDataset",
     "synthetic_fedprox",
     "tensor_dataloader",
     "DirichletPartitioner",

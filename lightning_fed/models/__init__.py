@@ -5,6 +5,7 @@ from __future__ import annotations
 from lightning_fed.models.char_lstm import CharLSTM
 from lightning_fed.models.classifier import ClassifierModule
 from lightning_fed.models.cnn import FedAvgCNN
+from lightning_fed.models.hf_lora import HFLoRAModule
 from lightning_fed.models.lenet import LeNet5
 from lightning_fed.models.mlp import MLP
 from lightning_fed.models.mnist1d_cnn import MNIST1DCNN
@@ -18,6 +19,7 @@ __all__ = [
     "CharLSTM",
     "ClassifierModule",
     "FedAvgCNN",
+    "HFLoRAModule",
     "LeNet5",
     "SentimentLSTM",
     "glove_embedding_matrix",

@@ -40,6 +40,9 @@ QUICKSTART = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_every_config_parses_and_instantiates(config, tmp_path):
+    if config.parent == CONFIG_ROOT / "llm":
+        for module in ("transformers", "peft"):
+            pytest.importorskip(module, reason="the foundation-model presets need the `llm` extra")
     cli = FederatedCLI(
         args=[*config_args(config), "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path)], run=False
     )

@@ -5,6 +5,8 @@
   uses must be imported, defined, a builtin or one of the listed placeholders (``MyLightningModule``: the user's
   own class), and every call to an imported class or function must bind to its signature. That marker is for
   blocks that would train for minutes or need data that tests do not download.
+* A marker may also name the optional modules a block needs (``<!-- docs-test: run, needs: transformers, peft
+  -->``): without them the block is skipped (the README's command installs no extras; CI installs them).
 * A YAML block is parsed. One that is a LightningCLI config (top-level ``trainer``, ``model`` or ``data``) is laid
   over ``configs/quickstart.yaml`` (a section naming another ``class_path`` replaces the quickstart's) and built by
   ``lightning-fed``'s own parser, as the presets are in ``tests/cli/test_cli.py``.
@@ -34,7 +36,9 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 CLI_SECTIONS = {"trainer", "model", "data"}
 
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```", re.M | re.S)
-_MARKER = re.compile(r"<!-- docs-test: (?P<mode>\w+)(?:, names: (?P<names>[\w, ]+))? -->\s*$")
+_MARKER = re.compile(
+    r"<!-- docs-test: (?P<mode>\w+)(?:, names: (?P<names>[\w, ]+?))?(?:, needs: (?P<needs>[\w, ]+))? -->\s*$"
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,11 @@ class Block:
     code: str
     mode: str  # "run" or "compile"
     placeholders: frozenset[str]
+    needs: tuple[str, ...] = ()  # optional modules (an extra's); the block is skipped without them
+
+    def skip_without_its_modules(self) -> None:
+        for module in self.needs:
+            pytest.importorskip(module, reason=f"{self.name} needs {module} (an optional extra, e.g. `llm`)")
 
     @property
     def name(self) -> str:
@@ -60,8 +69,9 @@ def blocks(page: Path) -> list[Block]:
         before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         marker = _MARKER.search(before)
         names = frozenset(n.strip() for n in (marker["names"] or "").split(",") if n.strip()) if marker else frozenset()
+        needs = tuple(n.strip() for n in (marker["needs"] or "").split(",") if n.strip()) if marker else ()
         line = text.count("\n", 0, match.start()) + 1
-        found.append(Block(page, line, match["lang"], code, marker["mode"] if marker else "run", names))
+        found.append(Block(page, line, match["lang"], code, marker["mode"] if marker else "run", names, needs))
     return found
 
 
@@ -74,10 +84,13 @@ def test_the_pages_have_the_blocks_this_test_checks():
     # Catches a fence this file's pattern stopped seeing (then nothing below would run).
     assert len(PYTHON) >= 3 and len(YAML) >= 4
     assert {b.mode for b in PYTHON} <= {"run", "compile"}
+    # ... or a marker whose `needs` it stopped reading (then those blocks would run without their extra).
+    assert any(b.needs for b in ALL_BLOCKS)
 
 
 @pytest.mark.parametrize("block", [b for b in PYTHON if b.mode == "run"], ids=lambda b: b.name)
 def test_python_block_runs(block, tmp_path, monkeypatch):
+    block.skip_without_its_modules()
     monkeypatch.chdir(tmp_path)  # what a block writes (runs/, W&B) lands here
     monkeypatch.setenv("WANDB_MODE", "offline")
     exec(compile(block.code, block.name, "exec"), {"__name__": "__docs__"})
@@ -119,6 +132,7 @@ def _callee(node: ast.expr, namespace: dict[str, object]) -> object | None:
 
 @pytest.mark.parametrize("block", [b for b in PYTHON if b.mode == "compile"], ids=lambda b: b.name)
 def test_python_block_compiles_and_its_names_resolve(block):
+    block.skip_without_its_modules()
     tree = ast.parse(block.code, block.name)
     imported = _imported(tree)
     known = set(imported) | _assigned(tree) | set(dir(builtins)) | block.placeholders
@@ -157,6 +171,7 @@ def test_yaml_block_parses_and_cli_configs_build(block, tmp_path):
     assert isinstance(config, dict), f"{block.name} is not a YAML mapping"
     if not set(config) & CLI_SECTIONS:
         return
+    block.skip_without_its_modules()
     merged = _lay_over(yaml.safe_load(QUICKSTART.read_text()), config)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(merged))
