@@ -111,11 +111,13 @@ def _settings(**extra: Any) -> dict[str, Any]:
 
 
 def _sizes(module: Any) -> tuple[int, int]:
-    state = module.state_dict()
-    trainable = {n for n, p in module.named_parameters() if p.requires_grad}
-    model = sum(t.numel() * t.element_size() for t in state.values())
-    adapters = sum(state[n].numel() * state[n].element_size() for n in trainable)
-    return model, adapters
+    """The model's bytes (each storage once: tied weights are one tensor) and its trainable adapters' bytes."""
+    storages: dict[int, int] = {}
+    for tensor in module.state_dict().values():
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    adapters = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    return sum(storages.values()), adapters
 
 
 def checkpoint_sizes(workdir: Path) -> list[dict[str, Any]]:
