@@ -125,8 +125,9 @@ def main(argv: list[str] | None = None) -> None:
                     for k, v in seq_adapters.items()
                 ),
             )
+        one, side = statistics.median(sequential), statistics.median(batched)
         print(
-            f"| {clients} | {statistics.median(sequential):.3f} | {statistics.median(batched):.3f} | {min(group or 1, clients)} |"
+            f"| {clients} | {one:.3f} | {side:.3f} | {min(group or 1, clients)} |"
             f" **{statistics.median(ratios):.2f}×**{mark(these)} | {difference:.1e} |"
         )
         records += these
