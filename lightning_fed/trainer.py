@@ -113,7 +113,7 @@ class FederatedTrainer(Trainer):
             participations, instead of starting every client from fresh state.
         client_parallelism: How many clients train side by side in one vectorised step (``torch.func.vmap``); 1
             trains one after another, ``"auto"`` sizes groups from the device and the model. What cannot be
-            vectorised trains one at a time, with a warning (README, ``client_parallelism``).
+            vectorised trains one at a time, with a warning (docs/scaling.md, ``client_parallelism``).
         federated_keys: Glob patterns on the module's ``state_dict`` keys that name its federated part, the state
             that clients train, that is aggregated, stored per client, checkpointed as client state and sent
             (``["*lora_A*", "*lora_B*"]``). Default: the module's ``federated_state_dict()`` or ``federated_keys``
@@ -210,9 +210,9 @@ class FederatedTrainer(Trainer):
         ``num_rounds - 1`` rounds of a client of average length, then the longest client's steps: a client's steps
         in a round follow from its training batches (the datamodule's client sizes and batch size),
         ``local_epochs``/``local_steps`` and ``accumulate_grad_batches``. Each round a step-interval schedule
-        advances by the steps of a client of average length (see the README, "Step-interval LR schedulers"), so
-        with clients of equal size the schedule ends exactly with the last round, and with uneven clients no client
-        steps past it. Read it in ``configure_optimizers`` (the datamodule is set up by then).
+        advances by the steps of a client of average length (see docs/lightning-module.md, "Step-interval LR
+        schedulers"), so with clients of equal size the schedule ends exactly with the last round, and with uneven
+        clients no client steps past it. Read it in ``configure_optimizers`` (the datamodule is set up by then).
         """
         if self.datamodule is None:
             raise RuntimeError(

@@ -37,8 +37,8 @@ class FedAdagrad(AdaptiveServerOptimizer):
           Algorithm 2; ``beta1=0`` gives plain Adagrad.
         * Defaults: :math:`\beta_1 = 0.9` and :math:`\tau = 10^{-3}` follow the paper's experiments
           (Section 5, which also studies the sensitivity to :math:`\tau`). The paper tunes :math:`\eta` per task
-          over powers of ten and has no default; :math:`\eta = 10^{-2}` is ours. Tune it (README, "Server
-          optimizers").
+          over powers of ten and has no default; :math:`\eta = 10^{-2}` is ours. Tune it
+          (docs/algorithms/server-optimizers.md).
 
     Args:
         server_lr: :math:`\eta` > 0.

@@ -39,7 +39,7 @@ class FedYogi(AdaptiveServerOptimizer):
         * Defaults: :math:`\beta_1 = 0.9`, :math:`\beta_2 = 0.99` and :math:`\tau = 10^{-3}` follow the paper's
           experiments (Section 5, which also studies the sensitivity to :math:`\tau`). The paper tunes
           :math:`\eta` per task over powers of ten and has no default; :math:`\eta = 10^{-2}` is ours. Tune it
-          (README, "Server optimizers").
+          (docs/algorithms/server-optimizers.md).
 
     Args:
         server_lr: :math:`\eta` > 0.

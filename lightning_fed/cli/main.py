@@ -290,7 +290,7 @@ def _denied_import_error(error: BaseException, path: str, entry: str) -> Invalid
         path,
         f"an import path that configs may import, and {entry!r} is denied (configs may not name code that runs"
         " commands, changes files or loads code: os, subprocess, shutil, pickle, importlib, ...; see"
-        ' "Configs are code" in the README)',
+        ' "Configs are code" in docs/cli.md)',
     )
 
 

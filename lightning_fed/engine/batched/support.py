@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView
 
 # Stacked parameters of a group on a CPU: measured on a 2-core machine, 2NN groups of 10-25 clients (11-27 MB) gain
-# and a group of 100 (107 MB) falls out of cache and loses (README, client_parallelism).
+# and a group of 100 (107 MB) falls out of cache and loses (docs/scaling.md, client_parallelism).
 CPU_GROUP_BYTES = 16 * 2**20
 # On a GPU: the share of free memory a group may fill, and how many model-sized tensors a client costs there
 # (parameters, gradients, two optimizer slots, the gathered copies of a ragged step) before activations.
