@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,20 +56,21 @@ SHAPES: dict[str, dict[str, int]] = {
 SEQUENCE, BATCH, STEPS_PER_CLIENT, CLIENTS = 64, 2, 4, 2
 
 
-def _module(shape: str) -> Any:
+def lora_llama(shape: dict[str, int], sequence: int, rank: int, optimizer: Callable[[list[Any]], Any]) -> Any:
+    """A user's LightningModule: a ``transformers`` ``LlamaForCausalLM`` of ``shape`` at random init (seed 0) with
+    PEFT LoRA of ``rank`` (α = 2 × rank) on ``q_proj``/``v_proj``, trained on HF-shaped dict batches with
+    ``optimizer(trainable parameters)``."""
     import torch
     from lightning.pytorch import LightningModule
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
     class LoRALlama(LightningModule):
-        """A user's LightningModule: an HF causal LM with PEFT LoRA adapters, trained on HF-shaped dict batches."""
-
         def __init__(self) -> None:
             super().__init__()
             torch.manual_seed(0)
-            config = LlamaConfig(**SHAPES[shape], max_position_embeddings=SEQUENCE, tie_word_embeddings=True)
-            lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+            config = LlamaConfig(**shape, max_position_embeddings=sequence, tie_word_embeddings=True)
+            lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
             self.model = get_peft_model(LlamaForCausalLM(config), lora)
 
         def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
@@ -77,12 +79,14 @@ def _module(shape: str) -> Any:
             return loss
 
         def configure_optimizers(self) -> Any:
-            return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=1e-3)
+            return optimizer([p for p in self.parameters() if p.requires_grad])
 
     return LoRALlama()
 
 
-def _tokens(shape: str, count: int) -> Any:
+def token_dataset(vocab_size: int, sequence: int, count: int) -> Any:
+    """``count`` random token sequences as HF dict items (``input_ids``, ``attention_mask``, ``labels``), the same
+    for an index every time."""
     import torch
 
     class Tokens(torch.utils.data.Dataset):
@@ -90,11 +94,20 @@ def _tokens(shape: str, count: int) -> Any:
             return count
 
         def __getitem__(self, index: int) -> dict[str, Any]:
-            generator = torch.Generator().manual_seed(index)
-            ids = torch.randint(0, SHAPES[shape]["vocab_size"], (SEQUENCE,), generator=generator)
+            ids = torch.randint(0, vocab_size, (sequence,), generator=torch.Generator().manual_seed(index))
             return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
 
     return Tokens()
+
+
+def _module(shape: str) -> Any:
+    import torch
+
+    return lora_llama(SHAPES[shape], SEQUENCE, 8, lambda params: torch.optim.AdamW(params, lr=1e-3))
+
+
+def _tokens(shape: str, count: int) -> Any:
+    return token_dataset(SHAPES[shape]["vocab_size"], SEQUENCE, count)
 
 
 def _child(way: str, shape: str) -> dict[str, Any]:

@@ -22,12 +22,17 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.foundation_memory import lora_llama, token_dataset
 
 SHAPE = dict(
     hidden_size=128,
@@ -41,55 +46,15 @@ SEQUENCE, BATCH, LOCAL_STEPS = 32, 2, 2
 
 
 def _module() -> Any:
-    from lightning.pytorch import LightningModule
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    class LoRALlama(LightningModule):
-        """A user's LightningModule: an HF causal LM with PEFT LoRA adapters, on HF-shaped dict batches."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            torch.manual_seed(0)
-            config = LlamaConfig(**SHAPE, max_position_embeddings=SEQUENCE, tie_word_embeddings=True)
-            lora = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
-            self.model = get_peft_model(LlamaForCausalLM(config), lora)
-
-        def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
-            loss = self.model(**batch).loss
-            self.log("train_loss", loss)
-            return loss
-
-        def test_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
-            loss = self.model(**batch).loss
-            self.log("test_loss", loss)
-            return loss
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=0.01)
-
-    return LoRALlama()
+    return lora_llama(SHAPE, SEQUENCE, 16, lambda params: torch.optim.SGD(params, lr=0.01))
 
 
 def _data(num_clients: int) -> Any:
     from lightning_fed.datamodules import DatasetFederated, IidPartitioner
 
-    class Tokens(torch.utils.data.Dataset):
-        def __len__(self) -> int:
-            return num_clients * (BATCH * LOCAL_STEPS + 1)
-
-        def __getitem__(self, index: int) -> dict[str, Any]:
-            ids = torch.randint(0, SHAPE["vocab_size"], (SEQUENCE,), generator=torch.Generator().manual_seed(index))
-            return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
-
+    tokens = token_dataset(SHAPE["vocab_size"], SEQUENCE, num_clients * (BATCH * LOCAL_STEPS + 1))
     return DatasetFederated(
-        Tokens(),
-        None,
-        None,
-        IidPartitioner(num_clients),
-        batch_size=BATCH,
-        client_test_fraction=0.0,
-        client_test_size=1,
+        tokens, None, None, IidPartitioner(num_clients), batch_size=BATCH, client_test_fraction=0.0, client_test_size=1
     )
 
 

@@ -100,9 +100,7 @@ class ClientTask:
         Raises:
             ValueError: If the task names several clients or none.
         """
-        if len(self.client_ids) != 1:
-            raise ValueError(f"This task names {len(self.client_ids)} clients ({self.client_ids}), not one.")
-        return self.client_ids[0]
+        return _the_one_client(self.client_ids, "task")
 
 
 @dataclass
@@ -152,14 +150,18 @@ class ClientReply:
         Raises:
             ValueError: If the reply names several clients or none.
         """
-        if len(self.client_ids) != 1:
-            raise ValueError(f"This reply names {len(self.client_ids)} clients ({self.client_ids}), not one.")
-        return self.client_ids[0]
+        return _the_one_client(self.client_ids, "reply")
 
     @classmethod
     def no_answer(cls, round_idx: int, client_id: int) -> ClientReply:
         """The reply the server records for a client whose site did not answer."""
         return cls(round_idx=round_idx, client_ids=[client_id], round_state={}, dropped=[client_id])
+
+
+def _the_one_client(client_ids: list[int], message: str) -> int:
+    if len(client_ids) != 1:
+        raise ValueError(f"This {message} names {len(client_ids)} clients ({client_ids}), not one.")
+    return client_ids[0]
 
 
 __all__ = ["ClientReply", "ClientTask"]

@@ -19,6 +19,7 @@ from helpers.flower_processes import (
     flower_env,
     flwr_run,
     free_port,
+    run_local_deployment,
     start_superlink,
     start_supernode,
     write_connection,
@@ -78,18 +79,13 @@ def test_secure_aggregation_on_the_simulation_engine_stays_within_1e4_of_the_fit
 
 @pytest.mark.timeout(900)
 def test_a_local_deployment_of_three_supernodes_equals_the_fit(tmp_path):
-    home, port = tmp_path / "flwr-home", free_port()
-    write_connection(home, "local-deployment", port)
-    processes = Processes(flower_env(home), tmp_path)
     config = write_config(tmp_path, "scaffold")
-    app = write_app([config], tmp_path / "app", round_timeout=300)
-    try:
-        start_superlink(processes, port, tmp_path / "superlink.db")
+
+    def three_sites(processes: Processes, port: int) -> None:
         for site in range(NUM_SITES):
             start_supernode(processes, port, site, tmp_path / f"site-{site}-state")
-        seconds = flwr_run(processes.env, app, "local-deployment", f"workdir='{tmp_path / 'server'}'", timeout=800)
-    finally:
-        processes.stop()
+
+    seconds = run_local_deployment(tmp_path, config, three_sites)
     print(f"deployed run: {seconds:.1f} s for 3 rounds")
     model, summary = deployed(tmp_path / "server")
     # Every client in every round: none was dropped or rejected, and the model is the fit's.

@@ -18,18 +18,13 @@ from helpers.flower_processes import (
     Processes,
     assert_close_states,
     deployed,
-    flower_env,
-    flwr_run,
-    free_port,
-    start_superlink,
+    run_local_deployment,
     start_supernode,
     wait_for,
-    write_connection,
 )
 
 pytest.importorskip("flwr", reason="Flower is the `flower` extra: pip install -e '.[flower]'")
 
-from lightning_fed.deploy.app import write_app
 from lightning_fed.deploy.site_store import SiteStateStore
 
 pytestmark = pytest.mark.slow
@@ -44,11 +39,7 @@ def _worker_pid(state_dir: Path) -> int | None:
 
 @pytest.mark.timeout(900)
 def test_a_worker_killed_mid_run_is_replaced_and_the_run_equals_the_fit(tmp_path):
-    home, port = tmp_path / "flwr-home", free_port()
-    write_connection(home, "local-deployment", port)
-    processes = Processes(flower_env(home), tmp_path)
     config = write_config(tmp_path, "scaffold")
-    app = write_app([config], tmp_path / "app", round_timeout=300)
     state_dir = tmp_path / "site-0-state"
     killed: list[int] = []
 
@@ -62,14 +53,13 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_equals_the_fit(tmp_path
         killed.append(pid)
 
     killer = threading.Thread(target=kill_site_0_after_its_first_version, daemon=True)
-    try:
-        start_superlink(processes, port, tmp_path / "superlink.db")
+
+    def three_sites_and_the_killer(processes: Processes, port: int) -> None:
         for site in range(NUM_SITES):
             start_supernode(processes, port, site, tmp_path / f"site-{site}-state")
         killer.start()
-        flwr_run(processes.env, app, "local-deployment", f"workdir='{tmp_path / 'server'}'", timeout=800)
-    finally:
-        processes.stop()
+
+    run_local_deployment(tmp_path, config, three_sites_and_the_killer)
     killer.join(timeout=5)
     assert killed, "the worker was never killed"
     replacement = _worker_pid(state_dir)
@@ -81,28 +71,11 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_equals_the_fit(tmp_path
 
 @pytest.mark.timeout(900)
 def test_one_supernode_serving_three_clients_equals_the_fit(tmp_path):
-    home, port = tmp_path / "flwr-home", free_port()
-    write_connection(home, "local-deployment", port)
-    processes = Processes(flower_env(home), tmp_path)
     config = write_config(tmp_path, "fedavg")
-    app = write_app([config], tmp_path / "app", round_timeout=300)
     state_dir = tmp_path / "site-state"
-    try:
-        start_superlink(processes, port, tmp_path / "superlink.db")
-        processes.start(
-            "supernode",
-            "flower-supernode",
-            "--insecure",
-            "--superlink",
-            f"127.0.0.1:{port}",
-            "--port",
-            str(free_port()),
-            "--node-config",
-            f"client-ids='0,1,2' state-dir='{state_dir}'",
-        )
-        flwr_run(processes.env, app, "local-deployment", f"workdir='{tmp_path / 'server'}'", timeout=800)
-    finally:
-        processes.stop()
+    run_local_deployment(
+        tmp_path, config, lambda processes, port: start_supernode(processes, port, 0, state_dir, "0,1,2")
+    )
     model, summary = deployed(tmp_path / "server")
     assert summary["completed_rounds"] == 3 and summary["rejected_clients_total"] == 0
     assert_close_states(model, fitted_model(config, tmp_path / "fit"))

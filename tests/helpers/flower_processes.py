@@ -170,8 +170,12 @@ def start_superlink(
     raise AssertionError(f"the SuperLink did not come up within {timeout:.0f} s")
 
 
-def start_supernode(processes: Processes, superlink_port: int, site: int, state_dir: Path) -> subprocess.Popen[bytes]:
-    """Starts the SuperNode of site ``site``: it serves client ``site`` and keeps its state in ``state_dir``."""
+def start_supernode(
+    processes: Processes, superlink_port: int, site: int, state_dir: Path, client_ids: str | None = None
+) -> subprocess.Popen[bytes]:
+    """Starts the SuperNode of site ``site``: it serves client ``site`` (or the comma-separated ``client_ids``) and
+    keeps its state in ``state_dir``."""
+    clients = f"client-id={site}" if client_ids is None else f"client-ids='{client_ids}'"
     return processes.start(
         f"supernode-{site}",
         flower_executable("flower-supernode"),
@@ -181,7 +185,7 @@ def start_supernode(processes: Processes, superlink_port: int, site: int, state_
         "--port",
         str(free_port()),
         "--node-config",
-        f"client-id={site} state-dir='{state_dir}'",
+        f"{clients} state-dir='{state_dir}'",
     )
 
 
@@ -194,6 +198,26 @@ def write_connection(home: Path, name: str, port: int, simulation: bool = False,
         text += f"\n[superlink.{name}.options]\nnum-supernodes = {num_supernodes}\n"
         text += f"\n[superlink.{name}.options.backend.client-resources]\nnum-cpus = 1\nnum-gpus = 0.0\n"
     (home / "config.toml").write_text(text)
+
+
+def run_local_deployment(
+    tmp_path: Path, config: Path, start_supernodes: Callable[[Processes, int], object], timeout: float = 800
+) -> float:
+    """Deploys ``config`` on loopback: a SuperLink, the SuperNodes ``start_supernodes(processes, superlink_port)``
+    starts, and ``flwr run`` of its app to the end (the server's run directory under ``tmp_path / "server"``); every
+    process is stopped after. Returns the run's seconds."""
+    from lightning_fed.deploy.app import write_app  # the `flower` extra's
+
+    home, port = tmp_path / "flwr-home", free_port()
+    write_connection(home, "local-deployment", port)
+    processes = Processes(flower_env(home), tmp_path)
+    app = write_app([config], tmp_path / "app", round_timeout=300)
+    try:
+        start_superlink(processes, port, tmp_path / "superlink.db")
+        start_supernodes(processes, port)
+        return flwr_run(processes.env, app, "local-deployment", f"workdir='{tmp_path / 'server'}'", timeout=timeout)
+    finally:
+        processes.stop()
 
 
 def flwr_run_command(app: Path, connection: str, run_config: str) -> list[str]:
