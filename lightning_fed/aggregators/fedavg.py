@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from typing_extensions import override
 
@@ -11,6 +11,10 @@ from lightning_fed.aggregation import Aggregator
 from lightning_fed.checks import check_choice, check_real
 from lightning_fed.context import ClientUpdate, RoundContext
 from lightning_fed.functional.state_dict import StateDict
+from lightning_fed.functional.weighted_share import share_as_float32, share_from_float32
+
+#: The packed round state's name for one client's share of the sum as float32 entries (see ``pack_round_state``).
+_SUM_AS_FLOAT32 = "_sum_as_float32"
 
 
 class FedAvg(Aggregator):
@@ -39,6 +43,9 @@ class FedAvg(Aggregator):
           round state, which ``compute`` reduces over ranks (one float64 all-reduce), and integer buffers come from
           the round's last accepted client wherever it trained. The result equals one process's up to the order of
           the float64 additions.
+        * A deployment's site sends its one client's share of the sum, :math:`0 + p_k w_k`, as the float32
+          :math:`w_k` and :math:`p_k` (half the bytes) where the server rebuilds it bit for bit
+          (:mod:`~lightning_fed.functional.weighted_share`), so the wire carries the federated part's own size.
 
     Args:
         weighting: ``"num_samples"`` or ``"uniform"``.
@@ -95,6 +102,25 @@ class FedAvg(Aggregator):
             for name, tensor in self.float_entries(update.params).items():
                 real = tensor.detach() if tensor.is_floating_point() else tensor.detach().double()
                 self._sum[name].add_(real, alpha=weight)
+
+    @override
+    def pack_round_state(self) -> dict[str, Any]:
+        # A site's sum is one client's share, 0 + p_k w_k: sent as the float32 w_k and p_k, half the float64 bytes,
+        # wherever that rebuilds the share bit for bit (functional.weighted_share); otherwise as it is.
+        state = self.round_state()
+        entries = share_as_float32(self._sum, self._accepted_weight)
+        if entries is not None:
+            del state["_sum"]
+            state[_SUM_AS_FLOAT32] = entries
+        return state
+
+    @override
+    def unpack_round_state(self, packed: Mapping[str, Any]) -> dict[str, Any]:
+        state = dict(packed)
+        entries = state.pop(_SUM_AS_FLOAT32, None)
+        if entries is not None:
+            state["_sum"] = share_from_float32(entries, state["_accepted_weight"])
+        return state
 
     @override
     def compute(self, global_params: StateDict) -> StateDict:

@@ -86,6 +86,7 @@ class RemoteClients:
         )
         received = self.transport.exchange(tasks)
         store = self.trainer.federation_state.store
+        objects = algorithm_objects(self.trainer)
         replies: list[ClientReply] = []
         for client_id in task.client_ids:
             reply = received.replies.get(client_id)
@@ -94,6 +95,12 @@ class RemoteClients:
                 continue
             if client_id not in reply.rejected:
                 store.put(FOLDED, client_id, task.round_idx)
+            if reply.round_state and not reply.partial:
+                # What each algorithm's pack_round_state sent, back as the site's round state, bit for bit.
+                reply.round_state = {
+                    key: objects[key].unpack_round_state(value) if key in objects else value
+                    for key, value in reply.round_state.items()
+                }
             replies.append(reply)
         if received.secure_sum is not None:
             # The round's sums over every reply (a rejected client added zeros), rebuilt in the server's declared

@@ -230,6 +230,9 @@ class _SiteWorker:
             job.state_written = bool(changes["put"] or changes["pop"])
         elif task.secure_range is not None:
             _split_for_secure_aggregation(trainer, task, reply)
+        else:
+            # Each algorithm's round state in the form it sends (FedAvg's float64 share as float32 and a weight).
+            reply.round_state = {key: obj.pack_round_state() for key, obj in objects.items()}
         job.client_state = {
             ns: store.get(ns, task.client_id) for ns in store.namespaces() if store.has(ns, task.client_id)
         }

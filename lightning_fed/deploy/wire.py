@@ -4,8 +4,9 @@ One :class:`~lightning_fed.messages.ClientTask` goes down per sampled client per
 :class:`~lightning_fed.messages.ClientReply` comes back (the types live in :mod:`lightning_fed.messages`, which
 both halves import; this module only encodes them). Down: the round, the global model, every algorithm's broadcast
 state, the LR schedulers' state at the round's start and the client's last folded, committed round. Up: every
-algorithm's declared round state, unreduced, and the client's metrics, rejection, optimizer steps and bytes. The
-per-client store never travels: it stays at the site (:mod:`lightning_fed.deploy.site_store`).
+algorithm's declared round state, unreduced (as its ``pack_round_state`` sends it), and the client's metrics,
+rejection, optimizer steps and bytes. The per-client store never travels: it stays at the site
+(:mod:`lightning_fed.deploy.site_store`).
 
 The encoding is ``torch.save`` of plain containers, loaded with ``weights_only=True``: tensors, numbers, strings,
 lists, tuples and dicts only, so a message cannot run code at the receiver. Every message carries its kind and

@@ -281,6 +281,17 @@ class CrossProcessState:
         the server (see :meth:`absorb_round_state`)."""
         return {name: getattr(self, name) for name in self._declared_round_state()}
 
+    def pack_round_state(self) -> dict[str, Any]:
+        """:meth:`round_state` as a deployment's client site sends it: the default sends it as it is; an algorithm
+        may send a smaller form that :meth:`unpack_round_state` turns back into the same values, bit for bit (FedAvg
+        sends one client's float64 share of its sum as the client's float32 entries and their weight)."""
+        return self.round_state()
+
+    def unpack_round_state(self, packed: Mapping[str, Any]) -> dict[str, Any]:
+        """The round state that :meth:`pack_round_state` sent, as :meth:`round_state` held it at the site (the
+        default: ``packed`` itself); the server folds it with :meth:`absorb_round_state`."""
+        return dict(packed)
+
     def round_state_reductions(self) -> dict[str, Reduction]:
         """How each round state declared this round combines (``"sum"``, ``"merge"``, ``"last"``), in declaration
         order: what a deployment under secure aggregation masks (the sums) and sends in clear (the rest)."""

@@ -141,3 +141,27 @@ def test_abstract_methods_stay_abstract():
 
     with pytest.raises(TypeError, match="update"):
         NoUpdate()  # type: ignore[abstract]
+
+
+@pytest.mark.parametrize("arrivals", [[5], [3, 5], []], ids=["one client (a site)", "two clients", "none accepted"])
+def test_fedavgs_packed_round_state_unpacks_to_the_round_state_bit_for_bit(arrivals):
+    aggregator = FedAvg()
+    global_params = _state(0)
+    ctx = RoundContext(0, [3, 5], global_params, {3: 10, 5: 30}, ClientStateStore(), parameter_names=frozenset({"w"}))
+    aggregator.reset(global_params, ctx)
+    for cid in arrivals:
+        aggregator.update(ClientUpdate(cid, 10, 1, _state(cid)))
+    held, packed = aggregator.round_state(), aggregator.pack_round_state()
+    unpacked = FedAvg().unpack_round_state(packed)
+    assert set(unpacked) == set(held) and unpacked["_accepted_weight"] == held["_accepted_weight"]
+    (position, entries), (held_position, held_entries) = (
+        unpacked["_last_integer_entries"],
+        held["_last_integer_entries"],
+    )
+    assert position == held_position and entries.keys() == held_entries.keys()
+    assert all(torch.equal(entries[name], held_entries[name]) for name in entries)
+    for name, total in held["_sum"].items():
+        assert unpacked["_sum"][name].dtype == torch.float64 and torch.equal(unpacked["_sum"][name], total), name
+    # A site's one client travels as its float32 entries: half the sum's bytes.
+    sent = packed.get("_sum_as_float32", packed.get("_sum"))
+    assert all(t.dtype == (torch.float32 if len(arrivals) == 1 else torch.float64) for t in sent.values())

@@ -20,12 +20,12 @@ NUM_CLIENTS = 3
 FROZEN = set(BigTrunkClassifier.FROZEN)
 
 
-def _settings() -> dict[str, Any]:
+def _settings(scaffold: bool = True) -> dict[str, Any]:
     return dict(
         num_rounds=2,
         clients_per_round=NUM_CLIENTS,
         aggregator=FedAvg(weighting="uniform"),
-        callbacks=[Scaffold()],
+        callbacks=[Scaffold()] if scaffold else [],
         client_eval="all",
         seed=0,
     )
@@ -52,9 +52,11 @@ class _Recording(LoopbackTransport):
         return received
 
 
-def _sites(tmp_path, base_seed: int = 0) -> dict[int, ClientSite]:
+def _sites(tmp_path, base_seed: int = 0, scaffold: bool = True) -> dict[int, ClientSite]:
     def build() -> tuple[Any, Any, SiteTrainer]:
-        trainer = SiteTrainer(default_root_dir=str(tmp_path / "site"), accelerator="cpu", devices=1, **_settings())
+        trainer = SiteTrainer(
+            default_root_dir=str(tmp_path / "site"), accelerator="cpu", devices=1, **_settings(scaffold)
+        )
         return _module(base_seed), make_datamodule(NUM_CLIENTS), trainer
 
     return {cid: ClientSite(build, tmp_path / "site-state") for cid in range(NUM_CLIENTS)}
@@ -96,6 +98,26 @@ def test_the_wire_carries_the_federated_part_only_and_the_fit_equals_simulation(
         assert len(transport.secure_sums) == 2
         for total in transport.secure_sums:
             assert 0 < sum(leaf.numel() for leaf in total) <= 2 * federated_values + 8
+
+
+def test_fedavg_sends_the_federated_part_once_each_way_and_folds_what_the_sites_held(tmp_path):
+    simulated = _module()
+    fast_trainer(tmp_path / "sim", **_settings(scaffold=False)).fit(simulated, datamodule=make_datamodule(NUM_CLIENTS))
+    transport = _Recording(_sites(tmp_path, scaffold=False))
+    module = _module()
+    trainer = fast_trainer(tmp_path / "server", **_settings(scaffold=False))
+    serve(trainer, module, make_datamodule(NUM_CLIENTS), transport)
+    # A site's float64 share of the sum travels as the client's float32 entries and its weight, rebuilt to the bit:
+    # the deployed fit is the simulated one.
+    for name, value in simulated.state_dict().items():
+        assert torch.equal(module.state_dict()[name], value), name
+    state = module.state_dict()
+    federated = state_nbytes({k: v for k, v in state.items() if k not in FROZEN})
+    # Each way, per client: the federated part once (float32) and about 3 KB of settings, fingerprints and metrics
+    # (the float64 share as it is held would be twice the federated part). Every evaluation reply is counted too.
+    trained = sum(not task.evaluate for task in transport.tasks)
+    assert transport.bytes_sent / len(transport.tasks) <= 1.1 * federated + 4 * 2**10
+    assert transport.bytes_received / trained <= 1.1 * federated + 4 * 2**10, (transport.bytes_received, federated)
 
 
 def test_a_site_with_another_base_refuses_the_task_naming_its_first_differing_tensor(tmp_path):
