@@ -4,9 +4,9 @@ The workload: a small LLaMA-shaped ``transformers`` model at random init (hidden
 128, eager attention so that ``torch.func.vmap`` can batch it) with PEFT LoRA r 8 on ``q_proj``/``v_proj``
 (:class:`~lightning_fed.models.HFLoRAModule`, sequence classification), on
 :class:`~lightning_fed.datamodules.TokenPatternsFederated` split IID over ``--clients`` clients (16 and 64 by default)
-of 32 sequences of 16 tokens each; every client trains every round for one local epoch at batch 8 with SGD, FedAvg
-aggregates. A batched group stacks the clients' adapters only and shares one unstacked copy of the frozen base
-(memory: base + G × adapters).
+of 32 sequences of 16 tokens each; every client (or ``--clients-per-round`` of them) trains every round for one
+local epoch at batch 8 with SGD, FedAvg aggregates. A batched group stacks the clients' adapters only and shares
+one unstacked copy of the frozen base (memory: base + G × adapters).
 
 How time is measured: as ``benchmarks/batched.py`` does, ``on_round_start`` to ``on_round_end`` of rounds 2..R
 (``--rounds``, default 3), medians; the ways run interleaved per repeat (sequential, then batched ``auto``) with a
@@ -18,6 +18,9 @@ Run from the repository root (needs the ``llm`` extra)::
 
     python benchmarks/batched_adapters.py                   # 16 and 64 clients, CPU, one torch thread
     python benchmarks/batched_adapters.py --device cuda     # on a GPU
+    # FlowerTune's shape on a GPU: Qwen2.5-0.5B's shape, LoRA r 32, 10 clients, 2 a round
+    python benchmarks/batched_adapters.py --device cuda --shape qwen2.5-0.5b --lora-r 32 --clients 10 \
+        --clients-per-round 2
 """
 
 from __future__ import annotations
@@ -43,18 +46,31 @@ from lightning_fed.models import HFLoRAModule
 PER_CLIENT, BATCH = 32, 8
 
 
-def _module(seed: int) -> HFLoRAModule:
-    torch.manual_seed(seed)
-    config = dict(
+#: The models' shapes (eager attention, so that ``torch.func.vmap`` can batch them): ``small`` for the CPU;
+#: ``qwen2.5-0.5b`` Qwen2.5-0.5B's shape (0.49 B parameters, tied embeddings), FlowerTune's LLM leaderboard's base
+#: model, for a GPU. The token patterns use the first 128 ids of either vocabulary.
+SHAPES: dict[str, dict[str, Any]] = {
+    "small": dict(
         vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        pad_token_id=0, attn_implementation="eager",
-    )  # fmt: skip
-    return HFLoRAModule(task="sequence_classification", config=config, num_labels=4, lora_r=8, optimizer="sgd", lr=0.05)
+    ),
+    "qwen2.5-0.5b": dict(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, tie_word_embeddings=True,
+    ),
+}  # fmt: skip
+
+
+def _module(seed: int, shape: str = "small", lora_r: int = 8) -> HFLoRAModule:
+    torch.manual_seed(seed)
+    config = dict(SHAPES[shape], pad_token_id=0, attn_implementation="eager")
+    return HFLoRAModule(
+        task="sequence_classification", config=config, num_labels=4, lora_r=lora_r, optimizer="sgd", lr=0.05
+    )
 
 
 def _run(args: argparse.Namespace, clients: int, parallelism: int | str, root: str) -> tuple[float, Any, Any]:
     clock = RoundClock()
-    module = _module(args.seed)
+    module = _module(args.seed, args.shape, args.lora_r)
     data = TokenPatternsFederated(
         IidPartitioner(clients),
         num_samples=clients * PER_CLIENT,
@@ -67,7 +83,7 @@ def _run(args: argparse.Namespace, clients: int, parallelism: int | str, root: s
     )
     trainer = FederatedTrainer(
         num_rounds=args.rounds,
-        clients_per_round=clients,
+        clients_per_round=min(args.clients_per_round or clients, clients),
         local_epochs=1,
         client_parallelism=parallelism,
         eval_every_n_rounds=0,
@@ -95,6 +111,9 @@ def _run(args: argparse.Namespace, clients: int, parallelism: int | str, root: s
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--clients-per-round", type=int, default=None, help="default: every client every round")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    parser.add_argument("--lora-r", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -105,7 +124,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
     records = []
-    print(f"{time.strftime('%Y-%m-%d')}, {args.device}: LoRA r 8 adapters on one base, {PER_CLIENT} sequences a client")
+    per_round = f"{args.clients_per_round} clients a round" if args.clients_per_round else "every client every round"
+    print(
+        f"{time.strftime('%Y-%m-%d')}, {args.device}, shape {args.shape}: LoRA r {args.lora_r} adapters on one base,"
+        f" {PER_CLIENT} sequences a client, {per_round}"
+    )
     print("| clients | sequential (s/round) | batched (s/round) | group | speed-up | max rel. diff. of adapters |")
     print("|---:|---:|---:|---:|---:|---:|")
     for clients in args.clients:
@@ -127,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         one, side = statistics.median(sequential), statistics.median(batched)
         print(
-            f"| {clients} | {one:.3f} | {side:.3f} | {min(group or 1, clients)} |"
+            f"| {clients} | {one:.3f} | {side:.3f} | {min(group or 1, args.clients_per_round or clients, clients)} |"
             f" **{statistics.median(ratios):.2f}×**{mark(these)} | {difference:.1e} |"
         )
         records += these

@@ -11,13 +11,17 @@ process so that nothing one allocated is still held when the other starts:
   logger, no checkpoint, no evaluation.
 
 Each child reports ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` at the end (the whole process's high-water mark:
-libraries, model, data and training) and the model's parameter counts. The table gives both peaks and their ratio.
-``--shape 135m`` is SmolLM-135M's shape (hidden 576, 30 layers, 9 heads, 3 KV heads, vocabulary 49 152: 135 M
-parameters, 0.2 % trainable with LoRA r 8 on q/v); ``--shape tiny`` a 2-layer model for a quick check.
+libraries, model, data and training) and the model's parameter counts; with ``--device cuda``, the GPU's peak instead
+(``torch.cuda.max_memory_allocated``: the model, the adapters' optimizer state, activations and every copy the
+engine makes on the device). The table gives both peaks and their ratio. ``--shape 135m`` is SmolLM-135M's shape
+(hidden 576, 30 layers, 9 heads, 3 KV heads, vocabulary 49 152: 135 M parameters, 0.2 % trainable with LoRA r 8 on
+q/v); ``--shape qwen2.5-0.5b`` Qwen2.5-0.5B's (hidden 896, 24 layers, 14 heads, 2 KV heads, vocabulary 151 936: 0.49 B
+parameters), the GPU case; ``--shape tiny`` a 2-layer model for a quick check.
 
 Run from the repository root (needs the ``llm`` extra: ``pip install -e ".[llm]"``)::
 
     python benchmarks/foundation_memory.py --shape 135m
+    python benchmarks/foundation_memory.py --shape qwen2.5-0.5b --device cuda     # on a GPU
 """
 
 from __future__ import annotations
@@ -43,6 +47,15 @@ SHAPES: dict[str, dict[str, int]] = {
         num_attention_heads=9,
         num_key_value_heads=3,
         vocab_size=49152,
+    ),
+    # Qwen2.5-0.5B's shape (tied embeddings): FlowerTune's LLM leaderboard's base model; 0.49 B parameters.
+    "qwen2.5-0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
     ),
     "tiny": dict(
         hidden_size=64,
@@ -110,7 +123,7 @@ def _tokens(shape: str, count: int) -> Any:
     return token_dataset(SHAPES[shape]["vocab_size"], SEQUENCE, count)
 
 
-def _child(way: str, shape: str) -> dict[str, Any]:
+def _child(way: str, shape: str, device: str) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
@@ -120,9 +133,11 @@ def _child(way: str, shape: str) -> dict[str, Any]:
     started = time.perf_counter()
     if way == "plain":
         loader = torch.utils.data.DataLoader(_tokens(shape, BATCH * STEPS_PER_CLIENT * CLIENTS), batch_size=BATCH)
+        module.to(device)
         optimizer = module.configure_optimizers()
         module.train()
         for batch_idx, batch in enumerate(loader):
+            batch = {key: value.to(device) for key, value in batch.items()}
             loss = module.model(**batch).loss
             optimizer.zero_grad()
             loss.backward()
@@ -153,13 +168,17 @@ def _child(way: str, shape: str) -> dict[str, Any]:
             enable_model_summary=False,
             num_sanity_val_steps=0,
             limit_val_batches=0,
-            accelerator="cpu",
+            accelerator="gpu" if device == "cuda" else "cpu",
+            devices=1,
             default_root_dir=str(Path.cwd() / "fed-run"),
         )
         trainer.fit(module, datamodule=data)
+    on_gpu = device == "cuda"
     return {
         "way": way,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_mib": torch.cuda.max_memory_allocated() / 2**20
+        if on_gpu
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "parameters": total,
         "trainable": trainable,
         "seconds": time.perf_counter() - started,
@@ -169,17 +188,18 @@ def _child(way: str, shape: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="135m")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the GPU's peak memory")
     parser.add_argument("--child", choices=["plain", "lightning_fed"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(_child(args.child, args.shape)))
+        print(json.dumps(_child(args.child, args.shape, args.device)))
         return
     env = dict(os.environ, PYTHONPATH=str(ROOT), WANDB_MODE="offline")
     results = {}
     for way in ("plain", "lightning_fed"):
         with tempfile.TemporaryDirectory() as workdir:  # the run directory of the federated way
             out = subprocess.run(
-                [sys.executable, __file__, "--shape", args.shape, "--child", way],
+                [sys.executable, __file__, "--shape", args.shape, "--device", args.device, "--child", way],
                 check=True,
                 capture_output=True,
                 text=True,
@@ -190,10 +210,9 @@ def main(argv: list[str] | None = None) -> None:
     plain, fed = results["plain"], results["lightning_fed"]
     print(f"{time.strftime('%Y-%m-%d')}, shape {args.shape}: {plain['parameters'] / 1e6:.1f} M parameters,")
     print(f"  {plain['trainable'] / 1e3:.0f} k trainable; one round of {CLIENTS} clients x {STEPS_PER_CLIENT} steps")
-    print(f"  plain loop     peak RSS {plain['peak_rss_mib']:8.0f} MiB")
-    print(
-        f"  lightning_fed  peak RSS {fed['peak_rss_mib']:8.0f} MiB   {fed['peak_rss_mib'] / plain['peak_rss_mib']:.2f}x"
-    )
+    peak = "peak GPU memory" if args.device == "cuda" else "peak RSS"
+    print(f"  plain loop     {peak} {plain['peak_mib']:8.0f} MiB")
+    print(f"  lightning_fed  {peak} {fed['peak_mib']:8.0f} MiB   {fed['peak_mib'] / plain['peak_mib']:.2f}x")
     print(json.dumps(results))
 
 

@@ -4,17 +4,20 @@
 #   batched  batched clients (client_parallelism) against sequential clients for the 2NN and the CNN at 100 and
 #            1 000 clients, fp32 and bf16 (about 7 min);
 #   speed    the cross-silo speed workload (10 clients x 6 000 Fashion-MNIST images, LeNet-5, batch 32) three ways:
-#            lightning_fed, a plain PyTorch loop and a Lightning Trainer per client (about 4 min).
+#            lightning_fed, a plain PyTorch loop and a Lightning Trainer per client (about 4 min);
+#   foundation  LoRA on a frozen base (needs the llm extra): peak GPU memory of one round against a plain loop at
+#            Qwen2.5-0.5B's shape; batched adapters against sequential at 16 and 64 clients (small LLaMA shape) and
+#            FlowerTune's shape (Qwen2.5-0.5B's, LoRA r 32, 10 clients, 2 a round) (about 6 min).
 # Each step has its own time limit, so a slow step costs only itself; every log goes to the folder given (default
 # gpu_logs/), and the tables are printed last. Name steps to run only those (a device that allows 10 minutes per
-# call takes `smoke batched`, then `speed`):
+# call takes `smoke batched`, then `speed`, then `foundation`):
 #
-#     bash benchmarks/gpu_suite.sh [log folder] [smoke] [batched] [speed]
+#     bash benchmarks/gpu_suite.sh [log folder] [smoke] [batched] [speed] [foundation]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs="${1:-gpu_logs}"
 shift $(($# > 0 ? 1 : 0))
-steps="${*:-smoke batched speed}"
+steps="${*:-smoke batched speed foundation}"
 mkdir -p "$logs"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" WANDB_MODE=offline
 python3=${PYTHON:-python3}
@@ -50,9 +53,16 @@ if [[ " $steps " == *" speed "* ]]; then
         --batch-sizes 32 --rounds 3 --repeats 3
 fi
 
+if [[ " $steps " == *" foundation "* ]]; then
+    step 150 foundation_memory "$python3" benchmarks/foundation_memory.py --shape qwen2.5-0.5b --device cuda
+    step 150 foundation_batched "$python3" benchmarks/batched_adapters.py --device cuda --clients 16 64
+    step 150 foundation_flowertune "$python3" benchmarks/batched_adapters.py --device cuda --shape qwen2.5-0.5b \
+        --lora-r 32 --clients 10 --clients-per-round 2
+fi
+
 cat "$logs/machine.txt"
-for log in "$logs"/smoke.txt "$logs"/batched_*.txt "$logs"/speed_*.txt; do
+for log in "$logs"/smoke.txt "$logs"/batched_*.txt "$logs"/speed_*.txt "$logs"/foundation_*.txt; do
     [[ -f "$log" ]] || continue
     echo "== $log"
-    grep -E '^\||x$|exit|max \||s/round|Error|error' "$log" | tail -40
+    grep -E '^\||x$|exit|max \||s/round|peak|Error|error' "$log" | tail -40
 done
