@@ -4,12 +4,14 @@
 #   batched  batched clients (client_parallelism) against sequential clients for the 2NN and the CNN at 100 and
 #            1 000 clients, fp32 and bf16 (about 7 min);
 #   speed    the cross-silo speed workload (10 clients x 6 000 Fashion-MNIST images, LeNet-5, batch 32) three ways:
-#            lightning_fed, a plain PyTorch loop and a Lightning Trainer per client (about 4 min).
+#            lightning_fed, a plain PyTorch loop and a Lightning Trainer per client (about 4 min);
+#   vs_pfl   pfl-research's CIFAR-10 configuration, the full 1 500 rounds, in pfl's simulator, lightning_fed and
+#            lightning_fed with batched clients (needs `pip install pfl`; not run yet: the time limit is a guess).
 # Each step has its own time limit, so a slow step costs only itself; every log goes to the folder given (default
 # gpu_logs/), and the tables are printed last. Name steps to run only those (a device that allows 10 minutes per
 # call takes `smoke batched`, then `speed`):
 #
-#     bash benchmarks/gpu_suite.sh [log folder] [smoke] [batched] [speed]
+#     bash benchmarks/gpu_suite.sh [log folder] [smoke] [batched] [speed] [vs_pfl]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs="${1:-gpu_logs}"
@@ -50,8 +52,12 @@ if [[ " $steps " == *" speed "* ]]; then
         --batch-sizes 32 --rounds 3 --repeats 3
 fi
 
+if [[ " $steps " == *" vs_pfl "* ]]; then
+    step 3600 vs_pfl "$python3" benchmarks/vs_pfl.py --device cuda --rounds 1500 --repeats 1 --parallelism auto
+fi
+
 cat "$logs/machine.txt"
-for log in "$logs"/smoke.txt "$logs"/batched_*.txt "$logs"/speed_*.txt; do
+for log in "$logs"/smoke.txt "$logs"/batched_*.txt "$logs"/speed_*.txt "$logs"/vs_pfl.txt; do
     [[ -f "$log" ]] || continue
     echo "== $log"
     grep -E '^\||x$|exit|max \||s/round|Error|error' "$log" | tail -40
