@@ -3,7 +3,8 @@
 The workload: ``--clients`` clients (default 100 and 1 000) of ``--samples-per-client`` examples (default 64),
 every client trained every round for one local epoch at batch size ``--batch-size`` (default 16) with SGD (lr 0.05),
 aggregated by FedAvg, with McMahan et al.'s (2017, arXiv:1602.05629) 2NN (784-200-200-10 MLP) and CNN
-(:class:`~lightning_fed.models.FedAvgCNN`) in a :class:`~lightning_fed.models.ClassifierModule`. The data are
+(:class:`~lightning_fed.models.FedAvgCNN`), or LeNet-5 (``--models lenet5``: the small convolutions of ``speed.py``),
+in a :class:`~lightning_fed.models.ClassifierModule`. The data are
 random 28×28 images with random labels (timing does not depend on the pixels, and 1 000 × 64 examples are more than
 Fashion-MNIST's 60 000 training images); the global test set is 64 examples, evaluated in the last round only.
 
@@ -57,12 +58,17 @@ from benchmarks.load import LoadRecord, LoadRecorder, add_wait_quiet_argument, f
 from lightning_fed import FedCallback, FederatedTrainer
 from lightning_fed.datamodules import DatasetFederated, IidPartitioner
 from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset
-from lightning_fed.models import MLP, ClassifierModule, FedAvgCNN
+from lightning_fed.models import MLP, ClassifierModule, FedAvgCNN, LeNet5
 
 
 def make_module(model: str, seed: int) -> ClassifierModule:
     L.seed_everything(seed, verbose=False)
-    backbone = MLP(784, 200, 10, num_hidden_layers=2) if model == "2nn" else FedAvgCNN(1, 10, 28)
+    backbones = {
+        "2nn": lambda: MLP(784, 200, 10, num_hidden_layers=2),
+        "cnn": lambda: FedAvgCNN(1, 10, 28),
+        "lenet5": lambda: LeNet5(in_channels=1, num_classes=10),
+    }
+    backbone = backbones[model]()
     return ClassifierModule(backbone, num_classes=10, lr=0.05)
 
 
@@ -135,7 +141,7 @@ def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tenso
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["2nn", "cnn"], choices=["2nn", "cnn"])
+    parser.add_argument("--models", nargs="+", default=["2nn", "cnn"], choices=["2nn", "cnn", "lenet5"])
     parser.add_argument("--clients", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--parallelism", nargs="+", default=["auto", "16"], help="group sizes or 'auto'")
     parser.add_argument("--samples-per-client", type=int, default=64)

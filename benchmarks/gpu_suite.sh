@@ -7,12 +7,14 @@
 #            lightning_fed, a plain PyTorch loop and a Lightning Trainer per client (about 4 min);
 #   foundation  LoRA on a frozen base (needs the llm extra): peak GPU memory of one round against a plain loop at
 #            Qwen2.5-0.5B's shape; batched adapters against sequential at 16 and 64 clients (small LLaMA shape) and
-#            FlowerTune's shape (Qwen2.5-0.5B's, LoRA r 32, 10 clients, 2 a round) (about 6 min).
+#            FlowerTune's shape (Qwen2.5-0.5B's, LoRA r 32, 10 clients, 2 a round) (about 6 min);
+#   vs_pfl   pfl-research's CIFAR-10 configuration, the full 1 500 rounds, in pfl's simulator, lightning_fed and
+#            lightning_fed with batched clients (needs `pip install pfl`; not run yet: the time limit is a guess).
 # Each step has its own time limit, so a slow step costs only itself; every log goes to the folder given (default
 # gpu_logs/), and the tables are printed last. Name steps to run only those (a device that allows 10 minutes per
-# call takes `smoke batched`, then `speed`, then `foundation`):
+# call takes `smoke batched`, then `speed`, then `foundation`; `vs_pfl` needs a machine that allows an hour):
 #
-#     bash benchmarks/gpu_suite.sh [log folder] [smoke] [batched] [speed] [foundation]
+#     bash benchmarks/gpu_suite.sh [log folder] [smoke] [batched] [speed] [foundation] [vs_pfl]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs="${1:-gpu_logs}"
@@ -60,8 +62,12 @@ if [[ " $steps " == *" foundation "* ]]; then
         --lora-r 32 --clients 10 --clients-per-round 2
 fi
 
+if [[ " $steps " == *" vs_pfl "* ]]; then
+    step 3600 vs_pfl "$python3" benchmarks/vs_pfl.py --device cuda --rounds 1500 --repeats 1 --parallelism auto
+fi
+
 cat "$logs/machine.txt"
-for log in "$logs"/smoke.txt "$logs"/batched_*.txt "$logs"/speed_*.txt "$logs"/foundation_*.txt; do
+for log in "$logs"/smoke.txt "$logs"/batched_*.txt "$logs"/speed_*.txt "$logs"/foundation_*.txt "$logs"/vs_pfl.txt; do
     [[ -f "$log" ]] || continue
     echo "== $log"
     grep -E '^\||x$|exit|max \||s/round|peak|Error|error' "$log" | tail -40

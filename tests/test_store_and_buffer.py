@@ -38,6 +38,36 @@ def test_log_buffer_means_are_weighted_by_batch_size():
     assert buffer.compute() == {}
 
 
+def test_log_buffer_keeps_graph_outputs_for_the_end_and_reduces_other_tensors_when_logged():
+    weight = torch.tensor(2.0, requires_grad=True)
+    buffer = LogBuffer()
+    losses = [weight * 1.0, weight * 3.0, (weight * torch.tensor([1.0, 2.0])).sum() / 2]
+    for loss, size in zip(losses, (10, 30, 20)):
+        buffer.log("loss", loss, batch_size=size)
+    running = torch.tensor(4.0)
+    buffer.log("running", running, batch_size=1)
+    buffer.log("running", torch.tensor(6.0), batch_size=1)
+    running.add_(100.0)  # a buffer changed in place after it was logged: the logged value counts
+    # The loss is kept as the step's tensor (no kernel per step), the buffer reduced at once.
+    assert len(buffer._kept["loss"]) == 3 and "running" not in buffer._kept
+    result = buffer.compute()
+    assert result["loss"] == pytest.approx((10 * 2.0 + 30 * 6.0 + 20 * 3.0) / 60, rel=1e-12)
+    assert result["running"] == 5.0
+    assert buffer.compute() == {}
+
+
+def test_log_buffer_measures_a_batch_only_when_a_value_is_logged_without_its_size():
+    buffer = LogBuffer()
+    buffer.start_batch((torch.zeros(7, 3), torch.zeros(7)))
+    buffer.log("a", 1.0, batch_size=2)
+    assert buffer._batch is not None and buffer._size == 1  # not measured: every value named its size
+    buffer.log("b", 1.0)
+    assert buffer.current_batch_size == 7
+    buffer.start_batch({"x": torch.zeros(3, 1)})
+    buffer.log("b", 4.0)
+    assert buffer.compute() == {"a": 1.0, "b": (7 * 1.0 + 3 * 4.0) / 10}
+
+
 def test_log_buffer_computes_and_resets_torchmetrics():
     metric = MulticlassAccuracy(num_classes=3, average="micro")
     buffer = LogBuffer()

@@ -15,17 +15,20 @@ from torch.utils.data import DataLoader
 from lightning_fed.checks import check_choice
 from lightning_fed.context import ClientContext
 from lightning_fed.engine.dispatch import HookDispatcher, check_step_hooks
-from lightning_fed.engine.log_buffer import LogBuffer, batch_size_of, buffered_logging
+from lightning_fed.engine.log_buffer import LogBuffer, buffered_logging
 from lightning_fed.engine.schedulers import RoundSchedulers
 from lightning_fed.engine.step_counter import StepCounter, record_step_sizes
 from lightning_fed.engine.training_step import (
+    _BATCH_HOOKS,
     _TRANSFER_HOOKS,
     _share_of_step,
     accumulation_of,
+    bind_step,
     call_step,
     client_batches,
     clip_and_step,
-    training_loss,
+    loss_of,
+    step_context,
 )
 from lightning_fed.hooks import GroupStep
 from lightning_fed.parallel.distributed import rank_local_metrics
@@ -108,8 +111,16 @@ class LocalTrainer:
         self._step_hooks = self.hooks.overriding("on_client_after_optimizer_step") if self._federated else []
         if self._federated:
             check_step_hooks(self.hooks.callbacks)
+        # Lightning's batch hooks that some callback (or the module) overrides: the callbacks and the module are
+        # fixed for this trainer's life, so a step calls no dispatcher for a hook nobody overrides.
+        self._batch_hooks = frozenset(hook for hook in _BATCH_HOOKS if any(self.hooks.lightning_targets(hook)))
         # The client seen as a group of one, while it trains with per-step hooks to call (else None).
         self._client_step: GroupStep | None = None
+        # Decided once per pass (fit), used at every step: the module's training_step called by its signature,
+        # the precision context it runs in (None: none needed), and whether a step-interval schedule steps.
+        self._training_step: Any = None
+        self._step_context: Any = None
+        self._schedules = False
 
     def fit(
         self,
@@ -143,7 +154,11 @@ class LocalTrainer:
             return self._fit_manual(dataloader, optimizer, epochs, steps, ctx)
         accumulate = accumulation_of(self.trainer)
         # Looked up once per pass: the strategy's precision plugin does not change within a fit.
-        self._scaler = getattr(self.trainer.strategy.precision_plugin, "scaler", None)
+        precision_plugin = self.trainer.strategy.precision_plugin
+        self._scaler = getattr(precision_plugin, "scaler", None)
+        self._step_context = step_context(precision_plugin)
+        self._training_step = bind_step(module.training_step)
+        self._schedules = self.schedulers is not None and self.schedulers.steps_within_clients
         # Built once per client and only for per-step hooks: FedAvg's steps pay nothing for the view.
         if ctx is not None and (self._grad_hooks or self._step_hooks):
             self._client_step = GroupStep.for_client(module, ctx, optimizer)
@@ -209,7 +224,8 @@ class LocalTrainer:
             assert ctx is not None
             for transform in ctx.batch_transforms:
                 batch = transform(batch)
-        self.buffer.current_batch_size = batch_size_of(batch)
+        # Its size weighs what the step logs without `batch_size=`: measured only if something is.
+        self.buffer.start_batch(batch)
         return batch
 
     def _step(
@@ -225,7 +241,13 @@ class LocalTrainer:
         batch = self._prepare(ctx, batch)
         if -1 in self._call("on_train_batch_start", batch, batch_idx):
             return -1
-        loss, output = training_loss(trainer, module, batch, batch_idx)
+        context = self._step_context
+        if context is None:
+            output = self._training_step(batch, batch_idx)
+        else:
+            with context():
+                output = self._training_step(batch, batch_idx)
+        loss = loss_of(output)
         if loss is None:
             # Lightning's contract: returning None skips the step.
             return None
@@ -272,10 +294,13 @@ class LocalTrainer:
             ctx.num_steps += 1
         if self._federated and self.steps is not None:
             self.steps.add()
-        if self.schedulers is not None and ctx is not None:
+        if self._schedules and ctx is not None:
+            assert self.schedulers is not None
             self.schedulers.after_step(ctx.num_steps)
 
     def _call(self, hook: str, *args: Any) -> list[Any]:
+        if hook not in self._batch_hooks:
+            return []
         return self.hooks.call_lightning(hook, *args)
 
 

@@ -89,6 +89,11 @@ class RoundSchedulers:
         if self._snapshot is not None:
             restore_schedulers(self.module.trainer, self._snapshot)
 
+    @property
+    def steps_within_clients(self) -> bool:
+        """Whether a step-interval schedule steps within this round's clients (:meth:`after_step` has work to do)."""
+        return bool(self._steppers)
+
     def after_step(self, local_step: int) -> None:
         """Steps the step-interval schedulers after a client's ``local_step``-th optimizer step (from 1)."""
         position = self._position + local_step

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.fabric.plugins.precision import Precision as FabricPrecision
 from lightning.pytorch import LightningModule
+from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 from torch import Tensor
 from torch.optim import Optimizer
@@ -71,6 +73,36 @@ def call_step(step: Callable[..., Any], batch: Any, batch_idx: int) -> Any:
     if arity == 1:
         return step(batch)
     return step(batch, batch_idx, 0)
+
+
+def bind_step(step: Callable[..., Any]) -> Callable[[Any, int], Any]:
+    """A bound step hook as a callable of ``(batch, batch_idx)`` that passes what its signature takes: the decision
+    :func:`call_step` makes, made once (a client's pass calls the result at every step).
+
+    The module's step is read when this is called: bind again when a new pass starts, as a callback may replace it.
+    """
+    function = getattr(step, "__func__", step)
+    arity = _STEP_ARITY.get(function)
+    if arity is None:
+        arity = _STEP_ARITY[function] = _step_arity(function)
+    if arity == 2:
+        return step
+    if arity == 1:
+        return lambda batch, batch_idx: step(batch)
+    return lambda batch, batch_idx: step(batch, batch_idx, 0)
+
+
+def step_context(precision_plugin: Any) -> Callable[[], AbstractContextManager[Any]] | None:
+    """The precision plugin's ``train_step_context``, or ``None`` where it is Lightning's base one around a
+    ``forward_context`` that does nothing (32-bit precision): the context a training step runs in, decided once per
+    pass instead of entered at every step."""
+    plugin_type = type(precision_plugin)
+    if (
+        plugin_type.train_step_context is Precision.train_step_context
+        and plugin_type.forward_context is FabricPrecision.forward_context
+    ):
+        return None
+    return precision_plugin.train_step_context
 
 
 def loss_of(output: Any) -> Tensor | None:
@@ -222,11 +254,13 @@ def client_batches(
 
 __all__ = [
     "accumulation_of",
+    "bind_step",
     "call_step",
     "client_batches",
     "clip_and_step",
     "isolated_pass",
     "loss_of",
+    "step_context",
     "step_gradient",
     "training_loss",
 ]

@@ -9,6 +9,7 @@ from lightning_fed.models.hf_lora import HFLoRAModule
 from lightning_fed.models.lenet import LeNet5
 from lightning_fed.models.mlp import MLP
 from lightning_fed.models.mnist1d_cnn import MNIST1DCNN
+from lightning_fed.models.pfl_cnn import PflCifarCNN
 from lightning_fed.models.sentiment_lstm import SentimentLSTM, glove_embedding_matrix
 from lightning_fed.models.vgg import VGG16
 
@@ -21,6 +22,7 @@ __all__ = [
     "FedAvgCNN",
     "HFLoRAModule",
     "LeNet5",
+    "PflCifarCNN",
     "SentimentLSTM",
     "glove_embedding_matrix",
 ]

@@ -2,12 +2,14 @@
 ``isolated_pass``."""
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.boring import BoringClassifier, HookRecorder, fast_trainer, make_datamodule
+from helpers.boring import BoringClassifier, HookRecorder, OneCycleClassifier, fast_trainer, make_datamodule
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, Timer, TQDMProgressBar
 from lightning.pytorch.plugins.precision import Precision
@@ -16,9 +18,15 @@ from torchmetrics import MeanMetric
 
 from lightning_fed.aggregators import FedAvg
 from lightning_fed.callbacks import APFL, FedProx, Scaffold, WeightDivergence
-from lightning_fed.engine.local_training import LocalTrainer
+from lightning_fed.engine.local_training import LocalTrainer, RoundSchedulers
 from lightning_fed.engine.log_buffer import LogBuffer, buffered_logging
-from lightning_fed.engine.training_step import _BATCH_HOOKS, _TRANSFER_HOOKS, isolated_pass, step_gradient
+from lightning_fed.engine.training_step import (
+    _BATCH_HOOKS,
+    _TRANSFER_HOOKS,
+    isolated_pass,
+    step_context,
+    step_gradient,
+)
 from lightning_fed.hooks import FedCallback, GroupStep
 
 
@@ -237,3 +245,77 @@ def test_a_callback_written_for_the_old_step_hooks_is_refused_at_fit_start(tmp_p
     with pytest.raises(TypeError, match=re.escape(message)):
         trainer.fit(BoringClassifier(), datamodule=make_datamodule())
     assert trainer.global_step == 0
+
+
+class _CountingPrecision(Precision):
+    """A precision plugin with a forward context of its own (as the mixed-precision ones have autocast)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = 0
+
+    @contextmanager
+    def forward_context(self) -> Iterator[None]:
+        self.entered += 1
+        yield
+
+
+class _ZeroGradCounter(Callback):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def on_before_zero_grad(self, trainer, pl_module, optimizer):
+        self.calls += 1
+
+
+def _plain_pass(trainer, module, steps):
+    local = LocalTrainer(trainer, module, mode="plain")
+    called = []
+    dispatch = local.hooks.call_lightning
+    local.hooks.call_lightning = lambda hook, *args: called.append(hook) or dispatch(hook, *args)
+    local.fit([batch for batch, _ in _batches(steps)], torch.optim.SGD(module.parameters(), lr=0.1))
+    return called
+
+
+def test_a_step_enters_the_precision_context_only_where_the_plugin_has_one():
+    # Lightning's 32-bit plugin: its training-step context does nothing, so a step enters none.
+    assert step_context(Precision()) is None
+    trainer = _trainer()
+    trainer.gradient_clip_val = None
+    plugin = trainer.strategy.precision_plugin = _CountingPrecision()
+    assert step_context(plugin) is not None
+    _plain_pass(trainer, BoringClassifier(), steps=3)
+    assert plugin.entered == 3  # once per step, as Lightning enters it
+
+
+class _BatchEnd(BoringClassifier):
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        pass
+
+
+def test_a_step_dispatches_only_the_batch_hooks_someone_overrides():
+    counter = _ZeroGradCounter()
+    trainer = _trainer([counter, HookRecorder()])
+    trainer.gradient_clip_val = None
+    called = _plain_pass(trainer, _BatchEnd(), steps=4)
+    # The callback's on_before_zero_grad and the module's on_train_batch_end, at every step; nothing else.
+    assert counter.calls == 4
+    assert sorted(set(called)) == ["on_before_zero_grad", "on_train_batch_end"] and len(called) == 8
+
+
+@pytest.mark.parametrize("step_schedule", [False, True])
+def test_a_client_steps_the_schedules_only_when_a_step_interval_one_exists(tmp_path, monkeypatch, step_schedule):
+    positions = []
+    after_step = RoundSchedulers.after_step
+
+    def recorded(self, local_step):
+        positions.append(local_step)
+        after_step(self, local_step)
+
+    monkeypatch.setattr(RoundSchedulers, "after_step", recorded)
+    module = OneCycleClassifier() if step_schedule else BoringClassifier()
+    trainer = fast_trainer(tmp_path, num_rounds=2, clients_per_round=2)
+    # 64 examples per client at batch 16: 4 steps each.
+    trainer.fit(module, datamodule=make_datamodule(num_clients=2, num_samples=128))
+    # With a step schedule, after every local step of every client (1, 2, ... per client); else never.
+    assert positions == ([1, 2, 3, 4] * 4 if step_schedule else [])

@@ -14,7 +14,7 @@ from torch import nn
 
 from lightning_fed.aggregators import QFedAvg
 from lightning_fed.callbacks import APFL, FedCurv
-from lightning_fed.engine.training_step import call_step
+from lightning_fed.engine.training_step import bind_step, call_step
 
 
 class BatchOnly(L.LightningModule):
@@ -140,3 +140,37 @@ class Signatures:
 )
 def test_call_step_passes_what_the_signature_takes(name, expected):
     assert call_step(getattr(Signatures(), name), "b", 3) == expected
+
+
+class _Steps:
+    """Step hooks of every signature Lightning's loops accept, as methods (call_step takes bound hooks)."""
+
+    def batch_only(self, batch):
+        return (batch,)
+
+    def with_index(self, batch, batch_idx):
+        return (batch, batch_idx)
+
+    def other_name(self, batch, index):
+        return (batch, index)
+
+    def with_loader_index(self, batch, batch_idx, dataloader_idx):
+        return (batch, batch_idx, dataloader_idx)
+
+    def loader_index_default(self, batch, batch_idx, dataloader_idx=0):
+        return (batch, batch_idx)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("batch_only", ("b",)),
+        ("with_index", ("b", 3)),
+        ("other_name", ("b", 3)),
+        ("with_loader_index", ("b", 3, 0)),
+        ("loader_index_default", ("b", 3)),
+    ],
+)
+def test_a_step_bound_once_per_pass_gets_what_call_step_gives(name, expected):
+    step = getattr(_Steps(), name)
+    assert bind_step(step)("b", 3) == call_step(step, "b", 3) == expected

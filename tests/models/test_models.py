@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_fed.models import MLP, MNIST1DCNN, ClassifierModule, FedAvgCNN, LeNet5
+from lightning_fed.models import MLP, MNIST1DCNN, ClassifierModule, FedAvgCNN, LeNet5, PflCifarCNN
 
 
 def _num_params(module: nn.Module) -> int:
@@ -37,6 +37,14 @@ def test_fedavg_cnn_shapes_and_param_count(in_channels: int, size: int) -> None:
 def test_fedavg_cnn_matches_mcmahan_parameter_total() -> None:
     # McMahan et al. (2017) report 1,663,370 parameters for the MNIST CNN; only 'same' padding gives that.
     assert _num_params(FedAvgCNN()) == 1_663_370
+
+
+def test_pfl_cifar_cnn_has_the_benchmarks_1_63_million_parameters() -> None:
+    # conv 3x3x3x32 + 32, conv 3x3x32x64 + 64, linear 12 544 x 128 + 128, linear 128 x 10 + 10 (pfl-research: 1.63 M).
+    model = PflCifarCNN()
+    assert _num_params(model) == 896 + 18_496 + 1_605_760 + 1_290 == 1_626_442
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert PflCifarCNN(1, 62, 28).fc1.in_features == 64 * 12 * 12
 
 
 @pytest.mark.parametrize("model", [FedAvgCNN(3, 10, 32), LeNet5(3, 10, 32), MLP(20, 16, 10), MNIST1DCNN()])
@@ -101,6 +109,7 @@ def test_mnist1d_cnn_shapes_and_param_count() -> None:
     [
         (lambda: FedAvgCNN(in_channels=0), "in_channels"),
         (lambda: FedAvgCNN(image_size=3), "image_size"),
+        (lambda: PflCifarCNN(image_size=5), "image_size"),
         (lambda: LeNet5(image_size=8), "image_size"),
         (lambda: LeNet5(first_conv_padding=-1), "first_conv_padding"),
         (lambda: MLP(num_hidden_layers=0), "num_hidden_layers"),

@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
 
+from lightning_fed.engine.batched.convolution import per_client_convolutions
 from lightning_fed.engine.dispatch import STEP_HOOKS
 from lightning_fed.engine.log_buffer import routed_logging
 from lightning_fed.engine.training_step import (
@@ -40,7 +41,6 @@ GPU_COPIES_PER_CLIENT = 8
 GPU_MAX_GROUP = 1024
 _PER_CLIENT_HOOKS = ("on_client_start", "on_client_train_start", "client_loss", "on_client_end", *STEP_HOOKS)
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-_CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
 class TrainingStep(nn.Module):
@@ -122,16 +122,15 @@ def stack_batches(batches: Sequence[Any]) -> Any:
 
 
 def auto_group_size(module: LightningModule, device: torch.device, federated: Sequence[str] | None = None) -> int:
-    """The ``"auto"`` group size: on a CPU, as many clients as keep the stacked parameters cache-sized, and 1 for
-    convolutional models (grouped convolutions gained nothing on a CPU); on a GPU, as many as fit in a share of the
-    free memory, at most ``GPU_MAX_GROUP``. A client costs its federated part (``federated``: those ``state_dict``
-    keys; ``None``: the whole state): the frozen base is shared by the group, unstacked."""
+    """The ``"auto"`` group size: on a CPU, as many clients as keep the stacked parameters cache-sized (convolutional
+    models too: there each client's convolutions run as its own, :mod:`~lightning_fed.engine.batched.convolution`);
+    on a GPU, as many as fit in a share of the free memory, at most ``GPU_MAX_GROUP``. A client costs its federated
+    part (``federated``: those ``state_dict`` keys; ``None``: the whole state): the frozen base is shared by the
+    group, unstacked."""
     state = module.state_dict()
     names = list(state) if federated is None else federated
     per_client = sum(state[n].numel() * state[n].element_size() for n in names) or 1
     if device.type != "cuda":
-        if any(isinstance(m, _CONVOLUTIONS) for m in module.modules()):
-            return 1
         return max(1, CPU_GROUP_BYTES // per_client)
     free, _ = torch.cuda.mem_get_info(device)
     return max(1, min(GPU_MAX_GROUP, int(GPU_MEMORY_SHARE * free) // (GPU_COPIES_PER_CLIENT * per_client)))
@@ -229,7 +228,8 @@ def _trial_reason(
             federated = federated_state(module, trainer.federated_keys)
             params = {n: torch.stack([t.detach(), t.detach()]) for n, t in federated.items()}
             leaves = [params[n].requires_grad_(True) for n, p in module.named_parameters() if p.requires_grad]
-            loss = torch.func.vmap(one_client, randomness="different")(params, batch)
+            with per_client_convolutions(trainer.strategy.root_device.type == "cpu"):
+                loss = torch.func.vmap(one_client, randomness="different")(params, batch)
             if loss.requires_grad:
                 torch.autograd.grad(loss.sum(), leaves, allow_unused=True)
     # Any failure to vectorise, whatever its type, means: train one client at a time.

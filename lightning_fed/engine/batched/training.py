@@ -27,6 +27,7 @@ from lightning.pytorch import LightningModule
 from torch import Tensor
 
 from lightning_fed.context import ClientContext
+from lightning_fed.engine.batched.convolution import per_client_convolutions
 from lightning_fed.engine.batched.layout import GradientLayouts
 from lightning_fed.engine.batched.support import (
     GroupLogBuffer,
@@ -248,7 +249,9 @@ class _GroupRun:
                 loss = torch.zeros((), device=self.device)
             return loss, values
 
-        loss, logged = torch.func.vmap(one_client, randomness="different")(params, batch)
+        # On a CPU each client's convolutions run as its own (convolution.py): grouped ones gain nothing there.
+        with per_client_convolutions(self.device.type == "cpu"):
+            loss, logged = torch.func.vmap(one_client, randomness="different")(params, batch)
         return (None if skipped else loss), logged, list(names), list(weights)
 
     def _gather(self, index: Tensor) -> StateDict:
