@@ -26,6 +26,7 @@ from benchmarks.reproduce.fair_search import (
     fewest_rounds_choice,
     search_settings,
 )
+from benchmarks.reproduce.records import RECORDS_DIR, recorded_results, set_name
 from benchmarks.reproduce.report import invocation_context
 from benchmarks.reproduce.runner import (
     RunResult,
@@ -79,6 +80,8 @@ def tune_v2(
     reused: list[RunResult] = []  # finished before this invocation (a search resumed after a stop)
     start = time.perf_counter()
     failed = False
+    records_dir = getattr(args, "records_dir", None) or RECORDS_DIR / set_name("v2", args.profile, tune=True)
+    recorded = recorded_results(Path(records_dir)) if args.report_only else {}
     for round_ in range(1, 100):
         pending = [
             run
@@ -94,7 +97,8 @@ def tune_v2(
             print(f"# {len(pending)} tuning runs in the first round (before any edge extension)", file=sys.stderr)
             return 0
         if args.report_only:
-            done = load_results(out_dir, pending)
+            # A search replayed from its committed records where this machine holds no runs.
+            done = load_results(out_dir, pending, recorded)
         else:
             done = [r for r in load_results(out_dir, pending) if r.ok]
             reused += done
@@ -113,6 +117,7 @@ def tune_v2(
                     extra=args.override,
                     threads=args.threads,
                     timeout_s=args.timeout,
+                    records_dir=getattr(args, "records", None),
                 )
         results.update({result.experiment: result for result in done})
         failed |= any(not result.ok for result in done)
