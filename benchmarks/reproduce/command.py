@@ -47,10 +47,10 @@ from benchmarks.reproduce.experiments import (
 )
 from benchmarks.reproduce.exploratory import EXPLORATORY
 from benchmarks.reproduce.records import (
-    RECORDS_DIR,
     declared_commit,
     extract_records,
     recorded_results,
+    set_dir,
     set_name,
 )
 from benchmarks.reproduce.report import invocation_context, read_v1_verdicts, write_report
@@ -292,7 +292,7 @@ def _records_dir(args: argparse.Namespace) -> Path:
     """The record set this invocation writes to and reads from."""
     if args.records_dir is not None:
         return Path(args.records_dir).resolve()
-    return RECORDS_DIR / set_name(args.protocol, args.profile, args.tune, args.exploratory)
+    return set_dir(set_name(args.protocol, args.profile, args.tune, args.exploratory))
 
 
 def _copy_report(report_path: Path, records_dir: Path) -> None:

@@ -49,6 +49,11 @@ def set_name(protocol: str, profile: str, tune: bool = False, exploratory: str |
     return f"{protocol}-{profile}" + ("-tune" if tune else "")
 
 
+def set_dir(name: str) -> Path:
+    """The committed folder of record set ``name`` (:data:`RECORDS_DIR` read when called, so a test can move it)."""
+    return RECORDS_DIR / name
+
+
 def git_commit(root: Path) -> dict[str, Any]:
     """The checkout's commit and whether its tracked files differ from it; ``id`` None outside a git checkout."""
 
@@ -250,6 +255,7 @@ __all__ = [
     "record_run",
     "recorded_results",
     "result_of",
+    "set_dir",
     "set_name",
     "write_record",
 ]

@@ -26,7 +26,7 @@ from benchmarks.reproduce.fair_search import (
     fewest_rounds_choice,
     search_settings,
 )
-from benchmarks.reproduce.records import RECORDS_DIR, recorded_results, set_name
+from benchmarks.reproduce.records import recorded_results, set_dir, set_name
 from benchmarks.reproduce.report import invocation_context
 from benchmarks.reproduce.runner import (
     RunResult,
@@ -80,7 +80,7 @@ def tune_v2(
     reused: list[RunResult] = []  # finished before this invocation (a search resumed after a stop)
     start = time.perf_counter()
     failed = False
-    records_dir = getattr(args, "records_dir", None) or RECORDS_DIR / set_name("v2", args.profile, tune=True)
+    records_dir = getattr(args, "records_dir", None) or set_dir(set_name("v2", args.profile, tune=True))
     recorded = recorded_results(Path(records_dir)) if args.report_only else {}
     for round_ in range(1, 100):
         pending = [
