@@ -9,6 +9,7 @@ round's commands and counts them. ``--write-presets`` writes each choice to ``co
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -151,6 +152,9 @@ def tune_v2(
     reference = fedcurv_reference_line(results) if fedcurv else None
     path = write_report(out_dir, outcomes, table, context, reference)
     print(f"[reproduce] v2 tuning report: {path}")
+    if getattr(args, "records", None) is not None:  # the report beside the records it was built from
+        args.records.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, args.records / "TUNING.md")
     if args.write_presets:
         _write_presets(root, by_name, outcomes, table, context)
     return 1 if failed else 0
