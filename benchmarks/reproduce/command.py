@@ -16,19 +16,26 @@ Examples::
     lightning-fed reproduce --profile small --list                # the runs and their exact commands
     lightning-fed reproduce --profile small --tune                # the hyperparameter search, on validation data
     lightning-fed reproduce --protocol v2 --profile small --list  # PROTOCOL.md's runs, counted
+    lightning-fed reproduce --protocol v2 --profile small --report-only  # the report from the committed records
+    lightning-fed reproduce --protocol v2 --profile full --extract-records --out-dir DIR  # records of old runs
+    lightning-fed reproduce --protocol v2 --exploratory claim5-e50 --list  # an exploratory set, its estimate
+
+Every run writes its record (benchmarks/reproduce/records.py) to benchmarks/reproduce/records/<set>/ unless
+--no-records; a report also copies itself and its reproduction.json there.
 """
 
 from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchmarks.reproduce.budget import apply_cuts
-from benchmarks.reproduce.claims import claims_for, experiments_of
+from benchmarks.reproduce.claims import Claim, claims_for, experiments_of
 from benchmarks.reproduce.experiments import (
     DEFAULT_SEEDS,
     PROFILES,
@@ -37,6 +44,14 @@ from benchmarks.reproduce.experiments import (
     default_seeds,
     experiments_for,
     seeded,
+)
+from benchmarks.reproduce.exploratory import EXPLORATORY
+from benchmarks.reproduce.records import (
+    declared_commit,
+    extract_records,
+    recorded_results,
+    set_dir,
+    set_name,
 )
 from benchmarks.reproduce.report import invocation_context, read_v1_verdicts, write_report
 from benchmarks.reproduce.runner import (
@@ -109,6 +124,30 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="v2, full profile: apply the first N of PROTOCOL.md's budget cuts (claims 1-2; the pathological extra "
         "baselines; practical HeurFedAMP to one seed; the paper-lr runs of 7 and 8a); the report names each cut",
+    )
+    parser.add_argument(
+        "--exploratory",
+        choices=sorted(EXPLORATORY),
+        help="v2: run an exploratory set declared in REPRODUCTION.md instead of the profile's runs (never a "
+        "verdict; its report says so); with --list, its runs and time estimate",
+    )
+    parser.add_argument(
+        "--records-dir",
+        type=Path,
+        help="where each run's record and the report's copy go (default "
+        "benchmarks/reproduce/records/<protocol>-<profile>[-tune]); --report-only reads the records of runs that "
+        "--out-dir does not hold",
+    )
+    parser.add_argument("--no-records", action="store_true", help="write no records (the reports still read them)")
+    parser.add_argument(
+        "--extract-records",
+        action="store_true",
+        help="write the records of the runs already in --out-dir (run directories of an older runner), then exit; "
+        "their tree is --commit, else the one records/RUN_SETS.json declares for the set",
+    )
+    parser.add_argument(
+        "--commit",
+        help="with --extract-records: the commit (or tree recipe id of RUN_SETS.json) of the tree that ran them",
     )
     parser.add_argument("--workers", type=int, default=2, help="parallel runs, one CPU thread each (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (default 1)")
@@ -218,7 +257,7 @@ def _tune(
         return 0
     start = time.perf_counter()
     if args.report_only:
-        results = load_results(out_dir, runs)
+        results = load_results(out_dir, runs, recorded_results(_records_dir(args), runs))
     else:
         print(f"[reproduce] tuning: {len(runs)} runs for {len(searches)} methods -> {out_dir}", flush=True)
         results = run_all(
@@ -233,6 +272,7 @@ def _tune(
             extra=args.override,
             threads=args.threads,
             timeout_s=args.timeout,
+            records_dir=args.records,
         )
     outcome = [collect(name, results) for name in searches]
     context = _context(args, argv, results, time.perf_counter() - start)
@@ -248,6 +288,47 @@ def _tune(
     return 1 if any(not result.ok for result in results) else 0
 
 
+def _records_dir(args: argparse.Namespace) -> Path:
+    """The record set this invocation writes to and reads from."""
+    if args.records_dir is not None:
+        return Path(args.records_dir).resolve()
+    return set_dir(set_name(args.protocol, args.profile, args.tune, args.exploratory))
+
+
+def _copy_report(report_path: Path, records_dir: Path) -> None:
+    """The generated report and its ``reproduction.json`` beside the records they were built from."""
+    records_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(report_path, records_dir / "report.md")
+    shutil.copyfile(report_path.with_name("reproduction.json"), records_dir / "reproduction.json")
+
+
+def _extract(args: argparse.Namespace, experiments: Sequence[Experiment], out_dir: Path, records: Path) -> int:
+    """``--extract-records``: records of the runs in ``out_dir``, each with the tree that ran it."""
+
+    def commit_of(result: RunResult) -> dict[str, object] | None:
+        if args.commit:
+            return {"id": args.commit, "dirty": None, "source": "given"}
+        return declared_commit(records.name, result.experiment)
+
+    try:
+        written = extract_records(out_dir, records, commit_of, experiments or None)
+    except ValueError as error:
+        raise SystemExit(f"--extract-records: {error}.") from None
+    print(f"[reproduce] {len(written)} records of the runs in {out_dir} written to {records}")
+    return 0 if written else 1
+
+
+def _print_estimate(args: argparse.Namespace) -> None:
+    run_set = EXPLORATORY[args.exploratory]
+    low, high, elapsed_low, elapsed_high = run_set.estimate_minutes(args.workers)
+    print(
+        f"# exploratory set {run_set.name} (not a verdict): {run_set.question}; {len(run_set.seeded())} runs, about "
+        f"{low:.0f}-{high:.0f} worker-min, {elapsed_low / 60:.1f}-{elapsed_high / 60:.1f} h on {args.workers} "
+        "workers (estimate from v2's small-profile claim-5 runs)",
+        file=sys.stderr,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the chosen claims' experiments and writes the report; returns 1 when a run failed, else 0."""
     argv = sys.argv[1:] if argv is None else argv
@@ -255,15 +336,25 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root.resolve()
     if not (root / "configs").is_dir():
         raise SystemExit(f"--root {root} holds no configs/ folder: run from the repository root or pass --root.")
-    claims = claims_for(args.claims, args.protocol)
-    needed = experiments_of(claims)
-    chosen = [run for run in experiments_for(args.profile, args.runs, args.protocol) if run.name in needed]
-    if args.seeds:
-        experiments = seeded(chosen, tuple(args.seeds))
+    if args.exploratory and (args.protocol != "v2" or args.tune or args.cut or args.claims or args.runs):
+        raise SystemExit(
+            "--exploratory runs one declared set of `--protocol v2`: leave out --tune, --cut, --claims and --runs."
+        )
+    if args.exploratory:
+        run_set = EXPLORATORY[args.exploratory]
+        claims: tuple[Claim, ...] = run_set.claims
+        chosen = list(run_set.experiments)
+        experiments = seeded(chosen, tuple(args.seeds)) if args.seeds else run_set.seeded()
     else:
-        experiments = [
-            run.with_seed(seed) for run in chosen for seed in default_seeds(args.protocol, args.profile, run.name)
-        ]
+        claims = claims_for(args.claims, args.protocol)
+        needed = experiments_of(claims)
+        chosen = [run for run in experiments_for(args.profile, args.runs, args.protocol) if run.name in needed]
+        if args.seeds:
+            experiments = seeded(chosen, tuple(args.seeds))
+        else:
+            experiments = [
+                run.with_seed(seed) for run in chosen for seed in default_seeds(args.protocol, args.profile, run.name)
+            ]
     v1_report = (args.v1_report or default_v1_report(args.profile)).resolve() if args.protocol == "v2" else None
     cuts: list[str] = []
     if args.cut:
@@ -271,15 +362,22 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("--cut applies PROTOCOL.md's budget cuts to `--protocol v2 --profile full` runs only.")
         budget = apply_cuts(args.cut, claims, experiments, read_v1_verdicts(v1_report))
         claims, experiments, cuts = budget.claims, budget.experiments, budget.lines
-    default_dir = Path("runs") / "reproduce" / ("v2" if args.protocol == "v2" else "") / args.profile
+    kind = f"exploratory-{args.exploratory}" if args.exploratory else args.profile
+    default_dir = Path("runs") / "reproduce" / ("v2" if args.protocol == "v2" else "") / kind
     out_dir = (args.out_dir or default_dir).resolve()
-    wandb = None if args.no_wandb else WandbOptions(args.wandb_project, args.profile)
+    records = _records_dir(args)
+    args.records = None if args.no_records else records
+    wandb = None if args.no_wandb else WandbOptions(args.wandb_project, kind)
     if args.tune:
+        if args.extract_records:
+            return _extract(args, [], out_dir / "tune", records)
         if args.protocol == "v2":
             from benchmarks.reproduce.tune_v2_command import tune_v2
 
             return tune_v2(args, argv, chosen, out_dir / "tune", root, wandb)
         return _tune(args, argv, chosen, out_dir / "tune", root, wandb)
+    if args.extract_records:
+        return _extract(args, experiments, out_dir, records)
     if args.list:
         for run in experiments:
             print(
@@ -292,11 +390,13 @@ def main(argv: list[str] | None = None) -> int:
             f"# {len(experiments)} runs ({len(names)} experiments), protocol {args.protocol}, profile {args.profile}",
             file=sys.stderr,
         )
+        if args.exploratory:
+            _print_estimate(args)
         return 0
     start = time.perf_counter()
     reused: dict[str, RunResult] = {}
     if args.report_only:
-        results = load_results(out_dir, experiments)
+        results = load_results(out_dir, experiments, recorded_results(records, experiments))
     else:
         if args.resume:
             reused = finished_results(experiments, args.profile, out_dir, root, wandb, args.override)
@@ -319,11 +419,19 @@ def main(argv: list[str] | None = None) -> int:
             extra=args.override,
             threads=args.threads,
             timeout_s=args.timeout,
+            records_dir=args.records,
         )
     context = _context(args, argv, results, time.perf_counter() - start, list(reused.values()))
     if cuts:
         context["budget cuts (PROTOCOL.md)"] = "; ".join(cuts)
-    report = write_report(out_dir, args.profile, claims, results, context, args.protocol, v1_report)
+    if args.exploratory:
+        context["exploratory (REPRODUCTION.md, declared before it ran)"] = (
+            f"{EXPLORATORY[args.exploratory].question}; the rule is applied to show what it would say, and is not a "
+            "verdict of the reproduction"
+        )
+    report = write_report(out_dir, kind, claims, results, context, args.protocol, v1_report)
+    if args.records is not None:
+        _copy_report(report.path, args.records)
     if wandb is not None:
         from benchmarks.reproduce.dashboard import log_report
 

@@ -33,6 +33,9 @@ _FMNIST_ZHAO_SMOKE = (*_ONE_ROUND, "--data.init_args.val_fraction", "0.99")
 #: budget of the full profile on 2 cores). The global model is evaluated every 5 rounds (final round included).
 _ZHAO_FULL = ("--trainer.num_rounds", "500", "--data.init_args.batch_size", "100", "--trainer.eval_every_n_rounds", "5")
 
+#: The exploratory claim-5 set (REPRODUCTION.md, declared before it runs): FedCurv's Table 1 other E, 40 rounds.
+CLAIM5_E50_ROUNDS, CLAIM5_E50_EPOCHS = 40, 50
+
 #: Profile overrides per family of runs. Full-profile sources: Zhao §3.2 trains 500 rounds at B = 100; FedCurv
 #: needs ~100 rounds at E = 10 (Table 1); FedGG runs R = 100; rFedAvg records 60 rounds. FedAMP's round
 #: counts are in its Appendix C, which we do not have: 100 rounds, twice the presets' 50.
@@ -84,6 +87,13 @@ SCALING: dict[str, dict[str, tuple[str, ...]]] = {
     # v2 (PROTOCOL.md, claim 4): the practical split at the paper's client sizes, which the smoke profile keeps
     # (one round) so that it checks the split can be drawn at those sizes.
     "practical_v2": {"smoke": _ONE_ROUND, "small": (), "full": ("--trainer.num_rounds", "100")},
+    # The exploratory claim-5 set (benchmarks/reproduce/exploratory.py): the paper's E = 50, as many rounds as fit
+    # about 2 h on the 2-core machine; the same in every profile but smoke.
+    "fedcurv_e50": {
+        "smoke": (*_FMNIST_ZHAO_SMOKE, "--trainer.local_epochs", "1"),
+        "small": ("--trainer.num_rounds", str(CLAIM5_E50_ROUNDS), "--trainer.local_epochs", str(CLAIM5_E50_EPOCHS)),
+        "full": ("--trainer.num_rounds", str(CLAIM5_E50_ROUNDS), "--trainer.local_epochs", str(CLAIM5_E50_EPOCHS)),
+    },
     # v2: claims 7 and 8a on Fashion-MNIST with LeNet-5; the preset holds the paper's R = 100.
     "fedgg_fmnist": {
         "smoke": (*_FMNIST_ZHAO_SMOKE, "--trainer.local_epochs", "1"),

@@ -1,10 +1,11 @@
 """Runs the experiments: one ``lightning-fed fit`` each, in parallel subprocesses (or in this process, for tests).
 
 Each run writes into ``<out_dir>/runs/<name>/``: ``summary.json`` (the trainer's), ``run.log`` (its output),
-``status.json`` (ok or failed, the error, wall time, the exact command and its fingerprint) and, when W&B is on,
-its W&B run. A failed run is recorded and the others go on. A run whose ``status.json`` says it finished with the
-same fingerprint can be read back instead of run again (:func:`finished_results`): a profile of a hundred runs
-survives a stopped machine.
+``status.json`` (ok or failed, the error, wall time, the exact command, its fingerprint and the git commit) and,
+when W&B is on, its W&B run; and, unless told not to, its record (:mod:`benchmarks.reproduce.records`), the
+committed data the reports can be rebuilt from. A failed run is recorded and the others go on. A run whose
+``status.json`` says it finished with the same fingerprint can be read back instead of run again
+(:func:`finished_results`): a profile of a hundred runs survives a stopped machine.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class RunResult:
     """The load around the run (:meth:`benchmarks.load.LoadRecord.to_dict`); ``None`` in older ``status.json``."""
     fingerprint: str = ""
     """:func:`run_fingerprint` of the run's command and YAML files; empty in older ``status.json``."""
+    commit: dict[str, Any] | None = None
+    """The git commit of the tree that ran it (:func:`benchmarks.reproduce.records.git_commit`); ``None`` in older
+    ``status.json``."""
 
     def __post_init__(self) -> None:
         self.experiment = self.experiment or self.name
@@ -233,8 +237,17 @@ def run_one(
     in_process: bool = False,
     threads: int = 1,
     timeout_s: float | None = None,
+    records_dir: Path | None = None,
+    commit: dict[str, Any] | None = None,
 ) -> RunResult:
-    """Runs one experiment and records its status; never raises for a failed run."""
+    """Runs one experiment and records its status; never raises for a failed run.
+
+    ``records_dir``: the record set the run's record is written to (none when ``None``); ``commit``: the tree that
+    runs it, as :func:`benchmarks.reproduce.records.git_commit` gives it (asked of git under ``root`` when ``None``).
+    """
+    from benchmarks.reproduce.records import git_commit, record_run  # records builds on this module
+
+    commit = git_commit(root) if commit is None else commit
     run_dir = run_dir_of(out_dir, experiment.run_name)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").unlink(missing_ok=True)
@@ -270,8 +283,11 @@ def run_one(
         experiment.seed,
         load.record.to_dict(),
         run_fingerprint(experiment, command, root),
+        commit,
     )
     (run_dir / "status.json").write_text(json.dumps(asdict(result), indent=2))
+    if records_dir is not None:
+        record_run(result, records_dir, commit)
     return result
 
 
@@ -292,6 +308,10 @@ def run_all(
     :func:`run_one`."""
     if workers < 1:
         raise ValueError(f"`workers` must be at least 1, got {workers}.")
+    if kwargs.get("commit") is None:
+        from benchmarks.reproduce.records import git_commit
+
+        kwargs["commit"] = git_commit(root)  # one tree for the whole invocation
     if finished:
         todo = [run for run in experiments if run.run_name not in finished]
         ran = iter(run_all(todo, profile, out_dir, root, workers, in_process, on_done, **kwargs))
@@ -309,14 +329,19 @@ def run_all(
         return list(pool.map(one, experiments))
 
 
-def load_results(out_dir: Path, experiments: Sequence[Experiment]) -> list[RunResult]:
-    """The recorded results of earlier runs (``status.json``); a run never started counts as failed."""
+def load_results(
+    out_dir: Path, experiments: Sequence[Experiment], recorded: Mapping[str, RunResult] | None = None
+) -> list[RunResult]:
+    """The recorded results of earlier runs (``status.json``), else their records (``recorded``, run name -> result,
+    from :func:`benchmarks.reproduce.records.recorded_results`); a run found in neither counts as failed."""
     results = []
     for experiment in experiments:
         run_dir = run_dir_of(out_dir, experiment.run_name)
         path = run_dir / "status.json"
         if path.is_file():
             results.append(RunResult(**json.loads(path.read_text())))
+        elif recorded and experiment.run_name in recorded:
+            results.append(recorded[experiment.run_name])
         else:
             results.append(
                 RunResult(

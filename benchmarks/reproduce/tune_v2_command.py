@@ -9,6 +9,7 @@ round's commands and counts them. ``--write-presets`` writes each choice to ``co
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from benchmarks.reproduce.fair_search import (
     fewest_rounds_choice,
     search_settings,
 )
+from benchmarks.reproduce.records import recorded_results, set_dir, set_name
 from benchmarks.reproduce.report import invocation_context
 from benchmarks.reproduce.runner import (
     RunResult,
@@ -79,6 +81,8 @@ def tune_v2(
     reused: list[RunResult] = []  # finished before this invocation (a search resumed after a stop)
     start = time.perf_counter()
     failed = False
+    records_dir = getattr(args, "records_dir", None) or set_dir(set_name("v2", args.profile, tune=True))
+    recorded = recorded_results(Path(records_dir)) if args.report_only else {}
     for round_ in range(1, 100):
         pending = [
             run
@@ -94,7 +98,8 @@ def tune_v2(
             print(f"# {len(pending)} tuning runs in the first round (before any edge extension)", file=sys.stderr)
             return 0
         if args.report_only:
-            done = load_results(out_dir, pending)
+            # A search replayed from its committed records where this machine holds no runs.
+            done = load_results(out_dir, pending, recorded)
         else:
             done = [r for r in load_results(out_dir, pending) if r.ok]
             reused += done
@@ -113,6 +118,7 @@ def tune_v2(
                     extra=args.override,
                     threads=args.threads,
                     timeout_s=args.timeout,
+                    records_dir=getattr(args, "records", None),
                 )
         results.update({result.experiment: result for result in done})
         failed |= any(not result.ok for result in done)
@@ -146,6 +152,9 @@ def tune_v2(
     reference = fedcurv_reference_line(results) if fedcurv else None
     path = write_report(out_dir, outcomes, table, context, reference)
     print(f"[reproduce] v2 tuning report: {path}")
+    if getattr(args, "records", None) is not None:  # the report beside the records it was built from
+        args.records.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, args.records / "TUNING.md")
     if args.write_presets:
         _write_presets(root, by_name, outcomes, table, context)
     return 1 if failed else 0

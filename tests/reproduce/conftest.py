@@ -28,3 +28,13 @@ def fake_fit(monkeypatch):
 
     monkeypatch.setattr(runner, "_run_in_process", fit)
     return calls
+
+
+@pytest.fixture(autouse=True)
+def records_in_tmp(tmp_path_factory, monkeypatch):
+    """Every record a test's runs write goes to a temporary folder, not to the committed records/."""
+    from benchmarks.reproduce import records
+
+    folder = tmp_path_factory.mktemp("records")
+    monkeypatch.setattr(records, "RECORDS_DIR", folder)
+    return folder

@@ -1,0 +1,383 @@
+"""The published tables, rebuilt from the committed records (:mod:`benchmarks.reproduce.records`).
+
+REPRODUCTION.md, the docs' reproduction page and configs/tuned_v2/TUNING.md quote numbers from runs that are not
+committed. This module says where each number of those tables comes from, computes it from a record set, and
+compares: ``tests/reproduce/test_published_tables.py`` fails on any number (or verdict word) that differs.
+
+A table is found by its file and the heading above it; a row by its first cell. Each checked cell is described by
+its *tokens*, in the order they appear: every number (``12``, ``83.1``) and verdict word (``reproduced``, ``partly``,
+``not``, ``never``) of the cell. A token spec is a literal (``=5``, the 5 of "LeNet-5") or an expression
+``name[key]`` with an optional format (``bmta[practical_fedamp]:.1f``), computed from the records:
+
+* ``final``, ``best``, ``last5``: the global test accuracy at the last round, its best, the mean of the last 5 (%);
+* ``bmta``: FedAMP's best mean test accuracy (%); ``sd_bmta``: its population std over the seeds (points);
+* ``emd``: the partition's mean EMD; ``xi``: FedAMP's mean self-weight ξ_ii at the last round;
+* ``std``: the round-to-round std of the accuracy over the second half (points); ``std_runs``: the same per run,
+  averaged over the seeds;
+* ``mid``: FedAvg's accuracy at half its rounds (%); ``mid_round``: that round;
+* ``reach[a>b]`` / ``reach_mid[a>b]``: the rounds ``a`` takes to reach ``b``'s final / mid accuracy (``never``);
+  ``x[a>b]`` / ``x_mid[a>b]``: ``b``'s rounds over ``a``'s (the speed-up);
+* ``recovered[iid>one_class>share...]``: the share of the IID − 1-class gap the best shared fraction recovers (%);
+* ``verdict[claim]``: the claim's verdict word on the seed means; ``seeds[claim]``: the verdicts per seed, as the
+  tables write them (``reproduced ×3``, or ``not, partly, not``); ``ours[claim]``: the figure the report writes
+  for the claim (every number of it).
+
+A key ending in ``@<seed>`` is computed on that seed's run alone (``x[a>b@1]``). Numbers are compared as the table
+writes them, so a spec's format is the table's rounding.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.reproduce import measures
+from benchmarks.reproduce.claims import CLAIM_SETS, GLOBAL_ACC, NO_VERDICT, Claim
+from benchmarks.reproduce.measures import Summary
+from benchmarks.reproduce.rules import NOT
+from benchmarks.reproduce.runner import RunResult
+from benchmarks.reproduce.seeds import mean_summaries, per_seed_summaries
+
+#: A cell's numbers and verdict words, in order.
+TOKEN = re.compile(r"\d+(?:\.\d+)?|reproduced|partly|not|never")
+_SPEC = re.compile(r"^(?P<name>\w+)\[(?P<key>[^\]]+)\](?::(?P<format>.+))?$")
+
+
+class _Never:
+    """A target never reached: formats as ``never`` whatever the table's number format."""
+
+    def __format__(self, spec: str) -> str:
+        return "never"
+
+
+NEVER = _Never()
+
+
+#: Specs whose value is several tokens ("reproduced ×3", a whole figure).
+_VARIABLE = frozenset({"seeds", "ours"})
+
+
+def tokens(text: str) -> list[str]:
+    """The numbers and verdict words of a cell, in order."""
+    return TOKEN.findall(text.replace("\u2212", "-"))
+
+
+@dataclass
+class RecordSet:
+    """A record set's runs as the reports read them: seeds, their means, and the claims judged on them."""
+
+    results: Sequence[RunResult]
+    protocol: str
+    claims: tuple[Claim, ...] = ()
+    seeded: dict[str, dict[int, Summary]] = field(init=False)
+    means: dict[str, Summary] = field(init=False)
+
+    def __post_init__(self) -> None:
+        seeded: dict[str, dict[int, Summary]] = {}
+        for result in self.results:
+            if result.ok:
+                seeded.setdefault(result.experiment, {})[result.seed or 0] = result.summary()
+        self.seeded = seeded
+        self.means = mean_summaries(seeded)
+        self.claims = self.claims or CLAIM_SETS[self.protocol]
+
+    def claim(self, key: str) -> Claim:
+        for claim in self.claims:
+            if claim.key == key:
+                return claim
+        raise KeyError(f"no claim {key!r} in protocol {self.protocol}")
+
+
+def _short(verdict: str) -> str:
+    return "not" if verdict == NOT else verdict
+
+
+def _seed_words(words: Sequence[str]) -> str:
+    if len(words) > 1 and len(set(words)) == 1:
+        return f"{words[0]} ×{len(words)}"
+    return ", ".join(words)
+
+
+class Values:
+    """The expressions a token spec can name, computed on the seed means or on one seed (``@<seed>``)."""
+
+    def __init__(self, records: RecordSet) -> None:
+        self.records = records
+        self._per_seed = per_seed_summaries(records.seeded)
+
+    def _runs(self, seed: int | None) -> Mapping[str, Summary]:
+        return self.records.means if seed is None else self._per_seed.get(seed, {})
+
+    def value(self, name: str, key: str) -> Any:
+        key, _, seed_text = key.partition("@")
+        seed = int(seed_text) if seed_text else None
+        runs = self._runs(seed)
+        args = key.split(">")
+        method: Callable[..., Any] | None = getattr(self, f"_{name}", None)
+        if method is None:
+            raise KeyError(f"unknown value {name!r}")
+        return method(runs, seed, *args)
+
+    # Accuracies, in percent.
+    def _final(self, runs: Mapping[str, Summary], seed: int | None, run: str) -> float:
+        return 100 * measures.final(runs[run], GLOBAL_ACC)
+
+    def _best(self, runs: Mapping[str, Summary], seed: int | None, run: str) -> float:
+        return 100 * measures.best(runs[run], GLOBAL_ACC)
+
+    def _last5(self, runs: Mapping[str, Summary], seed: int | None, run: str) -> float:
+        return 100 * measures.tail_mean(runs[run], GLOBAL_ACC)
+
+    def _bmta(self, runs: Mapping[str, Summary], seed: int | None, run: str) -> float:
+        return 100 * measures.bmta(runs[run])
+
+    def _sd_bmta(self, runs: Mapping[str, Summary], seed: int | None, run: str) -> float:
+        by_seed = self.records.seeded[run]
+        return 100 * statistics.pstdev(measures.bmta(by_seed[s]) for s in sorted(by_seed))
+
+    def _emd(self, runs: Mapping[str, Summary], seed: int | None, run: str) -> float:
+        return measures.mean_emd(runs[run])
+
+    def _xi(self, runs: Mapping[str, Summary], seed: int | None, run: str) -> float:
+        return measures.final(runs[run], "fedamp/xi_self_mean")
+
+    def _std(self, runs: Mapping[str, Summary], seed: int | None, run: str) -> float:
+        return 100 * measures.round_to_round_std(runs[run], GLOBAL_ACC)
+
+    def _std_runs(self, runs: Mapping[str, Summary], seed: int | None, run: str) -> float:
+        by_seed = self.records.seeded[run]
+        return 100 * statistics.fmean(measures.round_to_round_std(by_seed[s], GLOBAL_ACC) for s in sorted(by_seed))
+
+    def _mid(self, runs: Mapping[str, Summary], seed: int | None, run: str) -> float:
+        return 100 * measures.at_fraction(runs[run], GLOBAL_ACC, 0.5)
+
+    def _mid_round(self, runs: Mapping[str, Summary], seed: int | None, run: str) -> str:
+        points = measures.series(runs[run], GLOBAL_ACC)
+        return f"{max(round_ for round_, _ in points if round_ <= 0.5 * points[-1][0]):g}"
+
+    # Rounds to a target, and speed-ups.
+    def _target(self, runs: Mapping[str, Summary], base: str, mid: bool) -> float:
+        summary = runs[base]
+        return measures.at_fraction(summary, GLOBAL_ACC, 0.5) if mid else measures.final(summary, GLOBAL_ACC)
+
+    def _rounds(self, runs: Mapping[str, Summary], run: str, base: str, mid: bool) -> float | None:
+        return measures.rounds_to_reach(runs[run], GLOBAL_ACC, self._target(runs, base, mid))
+
+    def _reach(self, runs: Mapping[str, Summary], seed: int | None, run: str, base: str) -> Any:
+        rounds = self._rounds(runs, run, base, False)
+        return NEVER if rounds is None else f"{rounds:g}"
+
+    def _reach_mid(self, runs: Mapping[str, Summary], seed: int | None, run: str, base: str) -> Any:
+        rounds = self._rounds(runs, run, base, True)
+        return NEVER if rounds is None else f"{rounds:g}"
+
+    def _speedup(self, runs: Mapping[str, Summary], run: str, base: str, mid: bool) -> Any:
+        ours, theirs = self._rounds(runs, run, base, mid), self._rounds(runs, base, base, mid)
+        if ours is None:
+            return NEVER
+        return math.inf if theirs is None else theirs / ours
+
+    def _x(self, runs: Mapping[str, Summary], seed: int | None, run: str, base: str) -> Any:
+        return self._speedup(runs, run, base, False)
+
+    def _x_mid(self, runs: Mapping[str, Summary], seed: int | None, run: str, base: str) -> Any:
+        return self._speedup(runs, run, base, True)
+
+    def _recovered(self, runs: Mapping[str, Summary], seed: int | None, iid: str, one: str, *shared: str) -> float:
+        final = {name: measures.final(runs[name], GLOBAL_ACC) for name in (iid, one, *shared)}
+        best = max(final[name] for name in shared)
+        return 100 * (best - final[one]) / (final[iid] - final[one])
+
+    # Verdicts.
+    def _verdict(self, runs: Mapping[str, Summary], seed: int | None, key: str) -> str:
+        claim = self.records.claim(key)
+        seeded = self.records.seeded if seed is None else {name: {seed: summary} for name, summary in runs.items()}
+        verdict = claim.evaluate(runs, seeded).verdict
+        if verdict == NO_VERDICT:
+            raise KeyError(f"claim {key!r} has no verdict on these records")
+        return _short(verdict)
+
+    def _ours(self, runs: Mapping[str, Summary], seed: int | None, key: str) -> str:
+        claim = self.records.claim(key)
+        seeded = self.records.seeded if seed is None else {name: {seed: summary} for name, summary in runs.items()}
+        return claim.evaluate(runs, seeded).ours
+
+    def _seeds(self, runs: Mapping[str, Summary], seed: int | None, key: str) -> str:
+        return _seed_words([self._verdict(self._per_seed[s], s, key) for s in sorted(self._per_seed)])
+
+
+def evaluate(spec: str, values: Values) -> list[str]:
+    """The tokens of one spec: a literal's own, or the expression's value formatted as the table writes it."""
+    if spec.startswith("="):
+        return tokens(spec[1:])
+    match = _SPEC.match(spec)
+    if match is None:
+        raise ValueError(f"bad token spec {spec!r}: write name[key] or name[key]:format or =literal")
+    value = values.value(match["name"], match["key"])
+    return tokens(format(value, match["format"] or ""))
+
+
+@dataclass(frozen=True)
+class PublishedTable:
+    """One published table and where each checked cell's tokens come from.
+
+    Args:
+        name: How the test names it.
+        path: The file, relative to the repository root.
+        heading: The heading line above the table (the first table after it is read).
+        record_set: The record set it rests on (``records/<record_set>/``).
+        protocol: Whose claims its verdicts are.
+        cells: Row key (its first cell) -> column index (0 = the first cell) -> token specs, in order.
+    """
+
+    name: str
+    path: str
+    heading: str
+    record_set: str
+    protocol: str
+    cells: Mapping[str, Mapping[int, Sequence[str]]]
+
+
+def read_table(text: str, heading: str) -> dict[str, list[str]]:
+    """Row key -> cells of the first table at or after the first line that starts with ``heading`` (a heading, or
+    the table's own header row)."""
+    lines = text.splitlines()
+    start = next((index for index, line in enumerate(lines) if line.startswith(heading)), None)
+    if start is None:
+        raise KeyError(f"heading {heading!r} not found")
+    rows: dict[str, list[str]] = {}
+    seen = False
+    for line in lines[start:]:
+        if line.startswith("|"):
+            seen = True
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            if set(cells[0]) <= set("-: ") or cells[0] == "#":
+                continue
+            rows[cells[0]] = cells
+        elif seen:
+            break
+    if not rows:
+        raise KeyError(f"no table after heading {heading!r}")
+    return rows
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A checked cell whose tokens differ from the records'."""
+
+    table: str
+    row: str
+    column: int
+    published: list[str]
+    rebuilt: list[str]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.table}, row {self.row!r}, column {self.column}: published {self.published}, "
+            f"records give {self.rebuilt}"
+        )
+
+
+def compare(table: PublishedTable, text: str, values: Values) -> list[Difference]:
+    """Every checked cell of ``table`` (read from ``text``) whose tokens differ from what the records give; a
+    value the records cannot give counts as a difference that says why."""
+    rows = read_table(text, table.heading)
+    differences = []
+    for row, columns in table.cells.items():
+        cells = rows.get(row)
+        for column, specs in columns.items():
+            published = tokens(cells[column]) if cells is not None and column < len(cells) else ["<no such cell>"]
+            try:
+                rebuilt = [token for spec in specs for token in evaluate(spec, values)]
+            except (KeyError, ValueError, ZeroDivisionError) as error:
+                rebuilt = [f"<{type(error).__name__}: {error}>"]
+            if published != rebuilt:
+                differences.append(Difference(table.name, row, column, published, rebuilt))
+    return differences
+
+
+def shape_differences(table: PublishedTable, text: str) -> list[str]:
+    """What the specs of ``table`` get wrong about the published text, without any record: a cell whose count of
+    tokens differs from its specs', or whose literal is not the token at its place. Checked on every run of the
+    tests, so that a table's wording and its specs stay in step before the records exist."""
+    rows = read_table(text, table.heading)
+    problems = []
+    for row, columns in table.cells.items():
+        if row not in rows:
+            problems.append(f"{table.name}: no row {row!r}")
+            continue
+        for column, specs in columns.items():
+            published = tokens(rows[row][column]) if column < len(rows[row]) else []
+            variable = [index for index, spec in enumerate(specs) if spec.split("[")[0] in _VARIABLE]
+            if variable:  # a spec of several tokens: only the literals before it have a fixed place
+                specs = specs[: variable[0]]
+                published = published[: len(specs)]
+            if len(published) != len(specs):
+                problems.append(
+                    f"{table.name}, row {row!r}, column {column}: {len(published)} tokens {published}, "
+                    f"{len(specs)} specs {list(specs)}"
+                )
+                continue
+            for token, spec in zip(published, specs, strict=True):
+                if spec.startswith("=") and tokens(spec[1:]) != [token]:
+                    where = f"{table.name}, row {row!r}, column {column}"
+                    problems.append(f"{where}: {spec!r} where the text has {token!r}")
+    return problems
+
+
+#: Header lines of a generated report that say when, where and how it was written, not what the runs gave.
+_CIRCUMSTANCES = ("- date:", "- machine:", "- command:")
+
+
+def report_differences(published: str, rebuilt: str, name: str) -> list[str]:
+    """Line by line, the tokens of a published generated report (TUNING.md) against the same report rebuilt from
+    records; the header lines of date, machine and command are left out."""
+    keep = [line for line in published.splitlines() if not line.startswith(_CIRCUMSTANCES)]
+    again = [line for line in rebuilt.splitlines() if not line.startswith(_CIRCUMSTANCES)]
+    problems = [
+        f"{name}, line {index + 1}: published {tokens(old)}, records give {tokens(new)} ({old[:60]!r})"
+        for index, (old, new) in enumerate(zip(keep, again, strict=False))
+        if tokens(old) != tokens(new)
+    ]
+    if len(keep) != len(again):
+        problems.append(f"{name}: {len(keep)} lines published, {len(again)} rebuilt")
+    return problems
+
+
+def rebuilt_tuning_report(records_dir: Path, out_dir: Path, root: Path) -> str:
+    """v2's TUNING.md written again by ``--tune --report-only`` from the search's records alone."""
+    from benchmarks.reproduce.command import main
+
+    args = ["--protocol", "v2", "--profile", "small", "--tune", "--report-only", "--no-wandb", "--no-records"]
+    main([*args, "--out-dir", str(out_dir), "--records-dir", str(records_dir), "--root", str(root)])
+    return (out_dir / "tune" / "TUNING.md").read_text()
+
+
+def render_row(table: PublishedTable, row: str, values: Values, width: int) -> str:
+    """A table row whose checked cells hold exactly the records' tokens (what a synthetic table is built from)."""
+    cells = [row] + [""] * (width - 1)
+    for column, specs in table.cells[row].items():
+        cells[column] = " ".join(token for spec in specs for token in evaluate(spec, values))
+    return "| " + " | ".join(cells) + " |"
+
+
+__all__ = [
+    "NEVER",
+    "Difference",
+    "PublishedTable",
+    "RecordSet",
+    "Values",
+    "compare",
+    "evaluate",
+    "read_table",
+    "rebuilt_tuning_report",
+    "report_differences",
+    "render_row",
+    "shape_differences",
+    "tokens",
+]

@@ -1,0 +1,307 @@
+"""The published tables against the committed records (benchmarks/reproduce/published.py), and the records
+themselves: written by the runner, extracted from older run directories, read back by --report-only."""
+
+import json
+import math
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmarks.reproduce import command
+from benchmarks.reproduce.experiments import experiments_for
+from benchmarks.reproduce.published import (
+    RecordSet,
+    Values,
+    compare,
+    rebuilt_tuning_report,
+    render_row,
+    report_differences,
+    shape_differences,
+    tokens,
+)
+from benchmarks.reproduce.published_tables import TABLES
+from benchmarks.reproduce.records import (
+    RUN_SETS,
+    compact_summary,
+    declared_commit,
+    expand_summary,
+    extract_records,
+    make_record,
+    read_records,
+    recorded_results,
+    write_record,
+)
+from benchmarks.reproduce.runner import OK, RunResult
+
+ROOT = Path(__file__).parents[2]
+COMMITTED = ROOT / "benchmarks" / "reproduce" / "records"
+
+#: How a missing record set is made (REPRODUCTION.md, "Run sets and their trees").
+MAKE = {
+    "v1-small": "lightning-fed reproduce --profile small --extract-records --out-dir <v1 small runs>",
+    "v1-full": "lightning-fed reproduce --profile full --extract-records --out-dir <v1 full runs>",
+    "v2-small": "lightning-fed reproduce --protocol v2 --profile small --extract-records --out-dir <v2 small runs>",
+    "v2-full": "lightning-fed reproduce --protocol v2 --profile full --extract-records --out-dir <v2 full runs>",
+    "v2-small-tune": "lightning-fed reproduce --protocol v2 --profile small --tune --extract-records --out-dir "
+    "<v2 search runs>",
+}
+
+
+def _missing(name: str) -> str:
+    return (
+        f"not yet backed by records: benchmarks/reproduce/records/{name}/ holds none; make it with `{MAKE[name]}` "
+        "(the runs of the tree records/RUN_SETS.json names)"
+    )
+
+
+@pytest.mark.parametrize("table", TABLES, ids=[table.name for table in TABLES])
+def test_each_spec_describes_its_published_cell(table):
+    assert shape_differences(table, (ROOT / table.path).read_text()) == []
+
+
+@pytest.mark.parametrize("table", TABLES, ids=[table.name for table in TABLES])
+def test_every_published_number_equals_the_records(table):
+    set_dir = COMMITTED / table.record_set
+    found = recorded_results(set_dir)
+    if not found:
+        pytest.skip(f"{table.name}: {_missing(table.record_set)}")
+    values = Values(RecordSet(list(found.values()), table.protocol))
+    differences = compare(table, (ROOT / table.path).read_text(), values)
+    assert not differences, "\n".join(map(str, differences))
+
+
+def test_tuning_md_equals_the_search_rebuilt_from_its_records(tmp_path):
+    set_dir = COMMITTED / "v2-small-tune"
+    if not read_records(set_dir):
+        pytest.skip(f"configs/tuned_v2/TUNING.md: {_missing('v2-small-tune')}")
+    rebuilt = rebuilt_tuning_report(set_dir, tmp_path, ROOT)
+    published = (ROOT / "configs" / "tuned_v2" / "TUNING.md").read_text()
+    assert report_differences(published, rebuilt, "TUNING.md") == []
+
+
+# Synthetic records: the mechanism on made-up runs, every value computed from them.
+
+
+def _summary(name: str, seed: int, rounds: int = 30) -> dict:
+    """A run's summary with a noisy rising accuracy, BMTA, a mean EMD and FedAMP's self-weight."""
+    rng = random.Random(f"{name}/{seed}")
+    top = rng.uniform(0.5, 0.9)
+    history = []
+    best = 0.0
+    for round_ in range(1, rounds + 1):
+        accuracy = top * (1 - math.exp(-round_ / rng.uniform(3, 12))) + rng.uniform(-0.03, 0.03)
+        best = max(best, accuracy)
+        entry = {"round": float(round_), "global/test_acc": accuracy, "client/bmta": best}
+        if round_ % 3 == 0:  # a metric not logged every round
+            entry["fedamp/xi_self_mean"] = rng.uniform(0, 1)
+        history.append(entry)
+    return {
+        "num_rounds": rounds,
+        "completed_rounds": rounds,
+        "seed": seed,
+        "history": history,
+        "final": history[-1],
+        "mean_emd": rng.uniform(0.0, 1.8),
+        "run_dir": f"/somewhere/{name}",
+        "run_id": name,
+        "fingerprint": "f" * 8,
+    }
+
+
+def _write_synthetic(set_dir: Path, protocol: str, profile: str) -> None:
+    for run in experiments_for(profile, protocol=protocol):
+        for seed in (0, 1, 2):
+            name = f"{run.name}.seed{seed}"
+            result = RunResult(name, OK, "", 60.0, f"lightning-fed fit {name}", None, run.name, seed, None, "fp")
+            write_record(set_dir, make_record(result, _summary(run.name, seed), {"id": "abc", "source": "git"}))
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    """The v2 small profile's runs, three seeds each, as records."""
+    set_dir = tmp_path / "v2-small"
+    _write_synthetic(set_dir, "v2", "small")
+    return Values(RecordSet(list(recorded_results(set_dir).values()), "v2"))
+
+
+def _rendered(table, values) -> str:
+    width = 1 + max(column for columns in table.cells.values() for column in columns)
+    rows = [render_row(table, row, values, width) for row in table.cells]
+    header = [table.heading] if table.heading.startswith("|") else [table.heading, "", "| # |" + " x |" * (width - 1)]
+    return "\n".join([*header, "|---|" + "---|" * (width - 1), *rows])
+
+
+def test_a_table_rendered_from_records_reads_back_equal_and_one_edited_number_fails(synthetic):
+    table = next(table for table in TABLES if table.name == "REPRODUCTION.md, v2 small")
+    text = _rendered(table, synthetic)
+    assert compare(table, text, synthetic) == []
+    # Edit one number of the fair-search FedGG row (its target accuracy) and nothing else.
+    row = next(line for line in text.splitlines() if line.startswith("| 7 |"))
+    number = tokens(row.split("|")[4])[2]  # the "ours" cell, column 3
+    edited = row.replace(f" {number} ", f" {float(number) + 0.1:.1f} ", 1)
+    differences = compare(table, text.replace(row, edited), synthetic)
+    assert [(d.row, d.column) for d in differences] == [("7", 3)]
+    assert number in differences[0].rebuilt and number not in differences[0].published
+
+
+def test_a_verdict_word_edited_fails(synthetic):
+    table = next(table for table in TABLES if table.name == "docs, v2 small")
+    text = _rendered(table, synthetic)
+    row = next(line for line in text.splitlines() if line.startswith("| 4 |"))
+    cells = row.split("|")
+    word = {"reproduced": "partly", "partly": "not", "not": "reproduced"}[cells[4].strip()]
+    edited = "|".join([*cells[:4], f" {word} ", *cells[5:]])
+    differences = compare(table, text.replace(row, edited), synthetic)
+    assert [(d.row, d.column) for d in differences] == [("4", 3)]
+
+
+def test_a_value_the_records_lack_is_a_difference_that_says_why(synthetic, tmp_path):
+    table = next(table for table in TABLES if table.name == "REPRODUCTION.md, v2 small")
+    text = _rendered(table, synthetic)
+    partial = tmp_path / "partial"
+    for name, record in read_records(Path(synthetic.records.results[0].run_dir).parent).items():
+        if not name.startswith("practical_fedamp."):
+            write_record(partial, record)
+    values = Values(RecordSet(list(recorded_results(partial).values()), "v2"))
+    differences = {(d.row, d.column): d.rebuilt for d in compare(table, text, values)}
+    assert ("4", 3) in differences and "KeyError" in differences[("4", 3)][0]
+
+
+def test_the_shape_check_catches_a_literal_the_text_does_not_have():
+    table = next(table for table in TABLES if table.name == "REPRODUCTION.md, v2 small")
+    published = (ROOT / table.path).read_text()
+    text = published.replace("Fashion-MNIST, LeNet-5, FedGG at μ = 1", "Fashion-MNIST, LeNet-7, FedGG at μ = 1", 1)
+    assert text != published
+    assert any("'=5'" in problem for problem in shape_differences(table, text))
+
+
+def test_a_record_keeps_the_summary_a_report_reads_and_no_machine_path():
+    summary = _summary("pathological_fedamp", 0)
+    record = make_record(RunResult("r", OK, "/x/r", 1.0, "cmd"), summary, {"id": "abc", "dirty": False})
+    back = expand_summary(json.loads(json.dumps(record))["summary"])
+    assert back["history"] == summary["history"]  # the rounds without xi stay without it
+    assert back["final"] == summary["final"]
+    assert "run_dir" not in compact_summary(summary) and "/somewhere" not in json.dumps(record)
+
+
+def test_a_record_file_is_the_same_bytes_for_the_same_run(tmp_path):
+    record = make_record(RunResult("r", OK, "", 1.0, "cmd"), _summary("r", 0), {"id": "abc"})
+    first = write_record(tmp_path / "a", record).read_bytes()
+    assert write_record(tmp_path / "b", record).read_bytes() == first
+
+
+def test_the_runner_writes_records_and_the_report_rebuilds_from_them_alone(fake_fit, tmp_path, records_in_tmp):
+    out = tmp_path / "out"
+    args = ["--profile", "smoke", "--claims", "3", "--in-process", "--no-wandb", "--out-dir", str(out)]
+    assert command.main(args) == 0
+    set_dir = records_in_tmp / "v1-smoke"
+    written = read_records(set_dir)
+    assert set(written) == {f"{name}.seed0" for name in fake_fit_names(fake_fit)}
+    assert all(record["commit"]["source"] == "git" and record["commit"]["id"] for record in written.values())
+    assert (set_dir / "report.md").is_file() and (set_dir / "reproduction.json").is_file()
+    first = json.loads((out / "reproduction.json").read_text())
+
+    shutil.rmtree(out)  # no runs/ left: the records alone
+    assert command.main([*args, "--report-only"]) == 0
+    again = json.loads((out / "reproduction.json").read_text())
+    assert [claim["ours"] for claim in again["claims"]] == [claim["ours"] for claim in first["claims"]]
+    assert all(run["status"] == "ok" for run in again["runs"])
+
+
+def fake_fit_names(calls) -> set[str]:
+    return {Path(args[args.index("--trainer.run_dir") + 1]).name.split(".seed")[0] for args in calls}
+
+
+def test_no_records_writes_none(fake_fit, tmp_path, records_in_tmp):
+    args = ["--profile", "smoke", "--claims", "3", "--in-process", "--no-wandb", "--out-dir", str(tmp_path)]
+    assert command.main([*args, "--no-records"]) == 0
+    assert not (records_in_tmp / "v1-smoke").exists()
+
+
+def _old_run(out_dir: Path, name: str, experiment: str) -> None:
+    """A run directory as the runner wrote it before records: a status.json without a commit."""
+    run_dir = out_dir / "runs" / name
+    run_dir.mkdir(parents=True)
+    status = {"name": name, "status": OK, "run_dir": str(run_dir), "wall_s": 3.0, "command": "c"}
+    (run_dir / "status.json").write_text(json.dumps({**status, "experiment": experiment, "seed": 0}))
+    (run_dir / "summary.json").write_text(json.dumps(_summary(experiment, 0)))
+
+
+def test_extracted_records_name_the_tree_the_run_set_declares(tmp_path):
+    _old_run(tmp_path, "practical_fedamp.seed0", "practical_fedamp")
+    _old_run(tmp_path, "zhao_iid.seed0", "zhao_iid")
+    extract_records(tmp_path, tmp_path / "v1-small", lambda r: declared_commit("v1-small", r.experiment))
+    found = read_records(tmp_path / "v1-small")
+    trees = json.loads(RUN_SETS.read_text())["trees"]
+    assert found["practical_fedamp.seed0"]["commit"]["id"] == trees["v1-small-b"]["commit"]  # re-run after the
+    assert found["zhao_iid.seed0"]["commit"]["id"] == trees["v1-small-a"]["commit"]  # common-range tuning
+    assert found["zhao_iid.seed0"]["commit"]["source"] == "declared"
+
+
+def test_extracting_a_set_without_a_declared_tree_asks_for_commit(tmp_path, capsys):
+    _old_run(tmp_path, "zhao_iid.seed0", "zhao_iid")
+    args = ["--profile", "smoke", "--claims", "1", "--out-dir", str(tmp_path), "--extract-records", "--no-wandb"]
+    with pytest.raises(SystemExit, match="--extract-records: no tree is known for run 'zhao_iid.seed0'"):
+        command.main(args)
+    assert command.main([*args, "--commit", "1234567"]) == 0
+
+
+def test_every_declared_run_set_names_a_tree_that_exists():
+    payload = json.loads(RUN_SETS.read_text())
+    for name, entry in payload["sets"].items():
+        for tree in {entry["tree"], *entry.get("tree_by_experiment", {}).values()} - {None}:
+            assert tree in payload["trees"], name
+
+
+def test_the_exploratory_set_lists_its_runs_and_its_estimate(tmp_path, capsys):
+    args = ["--protocol", "v2", "--exploratory", "claim5-e50", "--list", "--no-wandb", "--out-dir", str(tmp_path)]
+    assert command.main(args) == 0
+    printed = capsys.readouterr()
+    commands = printed.out.splitlines()
+    assert len(commands) == 6
+    assert all("--trainer.local_epochs 50" in line and "--model.init_args.lr 0.01" in line for line in commands)
+    assert sum("fedcurv_lam1e-3.yaml" in line for line in commands) == 2
+    assert "not a verdict" in printed.err and "worker-min" in printed.err
+
+
+def test_the_exploratory_set_is_reported_as_exploratory(fake_fit, tmp_path, records_in_tmp):
+    args = ["--protocol", "v2", "--exploratory", "claim5-e50", "--in-process", "--no-wandb", "--out-dir", str(tmp_path)]
+    assert command.main([*args, "--profile", "smoke"]) == 0
+    report = (tmp_path / "REPRODUCTION.md").read_text()
+    assert "exploratory (REPRODUCTION.md, declared before it ran)" in report
+    assert "| 5 (exploratory: E = 50, λ = 1) |" in report
+    assert len(read_records(records_in_tmp / "v2-exploratory-claim5-e50")) == 6
+
+
+def test_the_cut_runs_are_the_seven_runs_cut_1_keeps_and_cut_4_drops(tmp_path, capsys):
+    base = ["--protocol", "v2", "--profile", "full", "--list", "--no-wandb", "--out-dir", str(tmp_path)]
+    command.main([*base, "--cut", "4"])
+    four = set(capsys.readouterr().out.splitlines())
+    command.main([*base, "--cut", "1"])
+    one = set(capsys.readouterr().out.splitlines())
+    assert four < one and len(one - four) == 7
+    names = {line.split("--trainer.run_dir ")[1].split()[0].rsplit("/", 1)[1] for line in one - four}
+    assert names == {
+        *(f"pathological_{method}.seed0" for method in ("apfl", "fedavg_ft", "fedprox_ft")),
+        *(f"{method}_fmnist_beta01_lr001.seed0" for method in ("fedgg", "fedavg", "fedprox", "scaffold")),
+    }
+
+
+@pytest.mark.parametrize("table", TABLES, ids=[table.name for table in TABLES])
+def test_every_table_renders_from_records_of_its_run_set_and_reads_back_equal(table, tmp_path):
+    protocol, profile = table.record_set.split("-")[:2]
+    _write_synthetic(tmp_path, protocol, profile)
+    values = Values(RecordSet(list(recorded_results(tmp_path).values()), protocol))
+    assert compare(table, _rendered(table, values), values) == []
+
+
+def test_the_search_report_replays_from_a_records_folder(tmp_path):
+    rebuilt = rebuilt_tuning_report(tmp_path / "no-records-yet", tmp_path / "out", ROOT)
+    published = (ROOT / "configs" / "tuned_v2" / "TUNING.md").read_text()
+    # The same sections and search tables; every score of them differs (no run recorded: "–").
+    assert [line for line in rebuilt.splitlines() if line.startswith("## ")][:4] == [
+        line for line in published.splitlines() if line.startswith("## ")
+    ][:4]
+    assert report_differences(published, rebuilt, "TUNING.md")
