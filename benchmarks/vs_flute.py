@@ -51,16 +51,18 @@ logging or checkpoints, ``--threads`` torch threads (default 1). ``--parallelism
 settings to time, one run each (default ``1 auto``: "auto" groups 3 clients of this 4.8 MB model on a CPU).
 
 What it reports, per run: the end-to-end wall time, from before the random data are generated to the end of
-``fit`` (data, datamodule, model, Lightning's set-up, every round and every evaluation), the time of the rounds
-(start of the first to the end of the last), the evaluations' time within it, and the rounds' time less the
-evaluations ("training only"); the optimizer steps taken (``global_step``) against the steps the configuration
+``fit`` (data, datamodule, model, Lightning's set-up, every round and every evaluation; the interpreter's start and
+the imports, about 7 s on the 2-core development machine, come once before the runs and are outside), the time of
+the rounds (start of the first to the end of the last), the evaluations' time within it, and the rounds' time less
+the evaluations ("training only"); the optimizer steps taken (``global_step``) against the steps the configuration
 implies (the sum over every round's sampled clients of ceil(size / 20) per local epoch: a mismatch stops the run);
-and, when ``--rounds`` is below FLUTE's 1 500, an estimate for 1 500 rounds (the measured set-up, the measured
-training time per round and evaluation time per evaluation, times FLUTE's counts). Every run records the load
+and, when ``--rounds`` is not FLUTE's 1 500, an estimate for 1 500 rounds (the measured set-up, plus the measured
+training time per round and evaluation time per evaluation times FLUTE's counts). Every run records the load
 (``benchmarks/load.py``); the header names the date, the commit, the machine, torch and the threads, and the
 published figures are printed beside the measured ones with the hardware they state.
 
-Run from the repository root (the full run takes hours on a 2-core CPU; see docs/performance.md)::
+Run from the repository root (on the 2-core development machine, about 55 minutes per run of 1 500 rounds at
+client_parallelism 1 and 65 at auto; see docs/performance.md)::
 
     python benchmarks/vs_flute.py                                   # 1 500 rounds, client_parallelism 1 and auto
     python benchmarks/vs_flute.py --rounds 50 --parallelism 1       # one evaluation period, and the estimate
@@ -71,6 +73,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import io
 import logging
 import math
@@ -403,6 +406,8 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
             with LoadRecorder(cores, args.wait_quiet) as load:
                 result = run(args, parallelism, root)
             result.load = load.record
+            # The trainer's reference cycles hold the run's data: free them before the next run builds its own.
+            gc.collect()
             if result.steps != expected_steps or result.rounds != args.rounds:
                 raise RuntimeError(
                     f"{result.name}: {result.steps} optimizer steps in {result.rounds} rounds, where the"
