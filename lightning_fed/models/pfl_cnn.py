@@ -7,6 +7,11 @@ connected layer with ReLU, dropout 0.5, and the linear output layer, with Glorot
 its TensorFlow twin has. For CIFAR-10 (3×32×32, 10 classes) that is 1,626,442 parameters, the paper's 1.63 M. It
 takes channels-first images, as every image model here does (pfl's own version takes channels-last ones and
 transposes them first).
+
+The same layers are the EMNIST CNN of Reddi et al. ("Adaptive Federated Optimization", ICLR 2021,
+arXiv:2003.00295), which FedML and FLUTE time as CNN_FEMNIST: ``PflCifarCNN(in_channels=1, num_classes=62,
+image_size=28)`` has its 1,206,590 parameters (``benchmarks/vs_flute.py``); the initial weights there are PyTorch's
+defaults rather than Glorot's.
 """
 
 from __future__ import annotations
