@@ -98,13 +98,11 @@ def write_keys(
 
     Raises:
         FileExistsError: If ``out`` exists and is not an empty directory.
-        ValueError: If a client is given to two sites, or to none, or ``days`` < 1.
+        ValueError: If a client is given to two sites, a site serves none, or ``days`` < 1.
     """
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"--out {out} exists and is not an empty directory; name a new one.")
-    if days < 1:
-        raise ValueError(f"--days must be >= 1; got {days}.")
     owners: dict[int, int] = {}
     for site, clients in enumerate(sites):
         if not clients:
@@ -115,8 +113,26 @@ def write_keys(
             if client in owners:
                 raise ValueError(f"Client {client} is given to sites {owners[client]} and {site}: one site per client.")
             owners[client] = site
-    out.mkdir(parents=True, exist_ok=True)
-    keys = DeploymentKeys(out, tuple(tuple(int(c) for c in clients) for clients in sites))
+    keys = write_authority(out, hosts, days)
+    keys = DeploymentKeys(keys.directory, tuple(tuple(int(c) for c in clients) for clients in sites))
+    roster: dict[int, ec.EllipticCurvePublicKey] = {}
+    for site, clients in enumerate(keys.sites):
+        roster.update(dict.fromkeys(clients, write_site_key(keys, site)))
+    Roster(roster).write(keys.roster)
+    return keys
+
+
+def write_authority(out: str | Path, hosts: Sequence[str] = (), days: int = 365) -> DeploymentKeys:
+    """Writes a new CA (``ca.pem``, ``ca.key``) and the SuperLink's certificate it signs (``superlink.pem``,
+    ``superlink.key``, valid for :data:`LOCAL_HOSTS` and ``hosts``) into ``out``; no site yet.
+
+    Raises:
+        ValueError: If ``days`` < 1.
+    """
+    if days < 1:
+        raise ValueError(f"--days must be >= 1; got {days}.")
+    keys = DeploymentKeys(Path(out), ())
+    keys.directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
     validity = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days))
 
@@ -151,20 +167,21 @@ def write_keys(
     )
     _write_private(keys.superlink_key, _pem(server_key))
     keys.superlink_certificate.write_bytes(server.public_bytes(serialization.Encoding.PEM))
-
-    roster = {}
-    for site, clients in enumerate(keys.sites):
-        site_key = ec.generate_private_key(ec.SECP384R1())
-        _write_private(
-            keys.site_key(site),
-            site_key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-            ),
-        )
-        keys.site_public_key(site).write_text(f"{public_key_line(site_key)} site-{site}\n")
-        roster.update(dict.fromkeys(clients, site_key.public_key()))
-    Roster(roster).write(keys.roster)
     return keys
+
+
+def write_site_key(keys: DeploymentKeys, site: int) -> ec.EllipticCurvePublicKey:
+    """Writes site ``site``'s new key pair (P-384, OpenSSH format: ``site-<site>.key`` readable by its owner only,
+    ``site-<site>.pub``); returns the public key."""
+    site_key = ec.generate_private_key(ec.SECP384R1())
+    _write_private(
+        keys.site_key(site),
+        site_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        ),
+    )
+    keys.site_public_key(site).write_text(f"{public_key_line(site_key)} site-{site}\n")
+    return site_key.public_key()
 
 
 def _builder(
@@ -255,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["LOCAL_HOSTS", "DeploymentKeys", "main", "write_keys"]
+__all__ = ["LOCAL_HOSTS", "DeploymentKeys", "main", "write_authority", "write_keys", "write_site_key"]
 
 
 if __name__ == "__main__":

@@ -168,11 +168,12 @@ def _own_last(got: Any, position: int, global_params: Mapping[str, Tensor], wher
         reference = global_params.get(name)
         if (
             reference is None
+            or reference.is_floating_point()
             or not isinstance(value, Tensor)
             or value.shape != reference.shape
             or value.dtype != reference.dtype
         ):
-            return f"{where} holds `{name}`, which is no entry of the global model of that shape and dtype"
+            return f"{where} holds `{name}`, which is no integer entry of the global model of that shape and dtype"
     return None
 
 

@@ -55,7 +55,8 @@ def serves_statement(challenge: bytes, node_id: int, client_id: int) -> bytes:
 
 
 def _int(value: int) -> bytes:
-    return int(value).to_bytes(8, "big", signed=True)
+    # 16 bytes: Flower's node ids are unsigned 64-bit integers, client ids may be negative in tests.
+    return int(value).to_bytes(16, "big", signed=True)
 
 
 def load_private_key(path: str | Path) -> ec.EllipticCurvePrivateKey:
