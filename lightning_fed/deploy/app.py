@@ -124,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_RUN_CONFIG["round-timeout"],
         help="Seconds to wait for a round's replies before dropping the sites that have not replied (0: wait).",
     )
-    security = parser.add_mutually_exclusive_group(required=True)
+    security = parser.add_mutually_exclusive_group()
     security.add_argument(
         "--roster",
         help="The roster: which node's public key may serve which client (JSON, as `lightning-fed deploy-keys`"
@@ -238,8 +238,7 @@ def write_app(
     from lightning_fed.deploy.roster import Roster
 
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"--out {out} exists and is not an empty directory; name a new one.")
+    _check_out(out)
     checked = None if roster is None else Roster.load(roster)
     text = resolved_config(configs, secure=secagg)
     project = app_name(out, name)
@@ -258,6 +257,15 @@ def write_app(
     return out
 
 
+class MissingRosterError(ValueError):
+    """``flower-app`` was given neither ``--roster`` nor ``--insecure``."""
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"--out {out} exists and is not an empty directory; name a new one.")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command: 0 once the app is written, 2 with one line on stderr for a bad input."""
     from lightning_fed.cli.errors import HeldOutput, error_line, traceback_requested
@@ -273,6 +281,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     held = HeldOutput()
     held.hold()
     try:
+        if args.roster is None and not args.insecure:
+            # What is wrong with the rest is said first, as it would be with a roster.
+            _check_out(Path(args.out))
+            resolved_config(args.config, secure=args.secagg)
+            raise MissingRosterError(
+                "name the deployment's roster with --roster <roster.json> (`lightning-fed deploy-keys` writes one), or"
+                " write an app for a local trial with --insecure."
+            )
         out = write_app(
             args.config,
             args.out,
@@ -285,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         held.discard()
         if traceback_requested():
             raise
-        plain = isinstance(error, FileExistsError) or str(error).startswith("The roster ")
+        plain = isinstance(error, (FileExistsError, MissingRosterError)) or str(error).startswith("The roster ")
         line = str(error) if plain else error_line(error, before_run=True)
         if line is None:
             raise

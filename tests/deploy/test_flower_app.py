@@ -60,9 +60,9 @@ def test_the_app_directory_holds_the_components_the_run_config_and_the_resolved_
 
 def test_a_deployment_app_needs_a_roster_and_insecure_says_it_is_a_local_trial_in_one_line(tmp_path, capsys):
     config = write_config(tmp_path)
-    with pytest.raises(SystemExit):
-        main(["--config", str(config), "--out", str(tmp_path / "none")])
-    assert "one of the arguments --roster --insecure is required" in capsys.readouterr().err
+    assert main(["--config", str(config), "--out", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "name the deployment's roster with --roster" in err[0] and "--insecure" in err[0]
     assert not (tmp_path / "none").exists()
     assert main(["--config", str(config), "--out", str(tmp_path / "trial"), "--insecure"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
@@ -90,7 +90,7 @@ def test_a_config_a_deployment_cannot_run_is_refused_in_one_line_and_nothing_is_
     config = write_config(tmp_path)
     fedamp = "  callbacks:\n    - class_path: lightning_fed.callbacks.FedAMP\n"
     config.write_text(config.read_text().replace("  callbacks: []\n", fedamp))
-    assert main(["--config", str(config), "--out", str(tmp_path / "app"), "--insecure"]) == 2
+    assert main(["--config", str(config), "--out", str(tmp_path / "app")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("lightning-fed flower-app: ") and "FedAMP" in err[0]
     assert not (tmp_path / "app").exists()
@@ -99,7 +99,7 @@ def test_a_config_a_deployment_cannot_run_is_refused_in_one_line_and_nothing_is_
 def test_an_unknown_key_is_refused_in_one_line(tmp_path, capsys):
     config = write_config(tmp_path)
     config.write_text(config.read_text().replace("num_rounds: 3", "num_roundz: 3"))
-    assert main(["--config", str(config), "--out", str(tmp_path / "app"), "--insecure"]) == 2
+    assert main(["--config", str(config), "--out", str(tmp_path / "app")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "num_roundz" in err[0]
     assert not (tmp_path / "app").exists()
@@ -118,7 +118,7 @@ def test_a_used_directory_is_refused(tmp_path, capsys):
     config = write_config(tmp_path)
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "keep.txt").write_text("x")
-    assert main(["--config", str(config), "--out", str(tmp_path / "used"), "--insecure"]) == 2
+    assert main(["--config", str(config), "--out", str(tmp_path / "used")]) == 2
     assert "not an empty directory" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "used").iterdir()] == ["keep.txt"]
 

@@ -118,7 +118,7 @@ def test_hostile_sites_are_refused_in_one_line_each_and_nothing_they_send_is_fol
 
         log = processes.log("flwr-run")
         # The server's lines (a progress bar may share a line with one of them).
-        refusals = re.findall(r"\[lightning_fed\] [^\r\n]*refused[^\r\n]*", log)
+        refusals = re.findall(r"\[lightning_fed\] [^\r\n]*(?:: refused|is refused:)[^\r\n]*", log)
         print("\n".join(refusals))
         # One line each, naming what was wrong.
         assert any("claims client 0 but does not hold the key the roster names for client 0" in x for x in refusals)
