@@ -221,3 +221,34 @@ def test_a_signed_reply_for_another_client_is_refused(keys, capsys):
     assert "SuperNode 101 (client 0) replied for clients [1], not for the client it was sent: refused." in (
         capsys.readouterr().err
     )
+
+
+def test_secure_aggregation_with_a_roster_signs_the_clear_replies_and_repeats_the_unsigned_run_to_the_bit(
+    tmp_path, monkeypatch, keys
+):
+    """Under SecAgg+ the clear part of each reply travels in the legacy result's metrics: signed there, checked
+    there. Flower's real client mod and workflow, in this process (:class:`InProcessGrid`)."""
+    from helpers.flower_configs import write_config
+
+    from lightning_fed.deploy.app import write_app
+    from lightning_fed.deploy.config import build_from_config
+    from lightning_fed.deploy.flower import InProcessGrid, SecureGridTransport, client_app, server_context
+    from lightning_fed.deploy.server import serve
+
+    config = write_config(tmp_path, "fedavg")
+    config.write_text(config.read_text().replace("num_rounds: 3", "num_rounds: 1"))
+    models = {}
+    for name, roster in (("unsigned", None), ("signed", Roster.load(keys.roster))):
+        app = write_app([config], tmp_path / f"{name}-app", secagg=True)
+        monkeypatch.syspath_prepend(str(app))
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        module, datamodule, trainer = build_from_config([app / "config.yaml"], save_config_callback=None)
+        grid: Any = InProcessGrid(client_app, 3, tmp_path / f"{name}-sites")
+        if roster is not None:
+            for node_id, context in grid.contexts.items():
+                context.node_config["site-key"] = str(keys.site_key(node_id - 1))
+        serve(trainer, module, datamodule, SecureGridTransport(grid, server_context(), roster=roster))
+        assert trainer.federation_state.history[0]["clients/dropped"] == 0.0, name
+        models[name] = {key: value.detach().clone() for key, value in module.state_dict().items()}
+    assert all(torch.equal(models["signed"][key], value) for key, value in models["unsigned"].items())
