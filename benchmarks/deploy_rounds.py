@@ -10,9 +10,11 @@ global test accuracy and loss of both, and where a deployed round's time goes:
   ``lightning_fed.deploy.flower`` in a fresh interpreter; measured here, median of 3);
 * the rest is Flower: its polls (``Grid.send_and_receive`` polls every 3 s in deployment) and process starts.
 
-Usage (``--secagg``: the app under Flower's SecAgg+)::
+Usage (``--secagg``: the app under Flower's SecAgg+; ``--secure``: the page's secure deployment, with TLS,
+authenticated SuperNodes and a roster, the keys from ``lightning-fed deploy-keys``; without it the page's local
+trial, ``--insecure``)::
 
-    OMP_NUM_THREADS=1 python benchmarks/deploy_rounds.py --out /tmp/deploy-rounds [--secagg]
+    OMP_NUM_THREADS=1 python benchmarks/deploy_rounds.py --out /tmp/deploy-rounds [--secagg] [--secure]
 
 Needs the ``flower`` extra and Flower's executables beside this Python (or on ``PATH``).
 """
@@ -25,6 +27,7 @@ import os
 import re
 import shutil
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -79,6 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="an empty working directory")
     parser.add_argument("--secagg", action="store_true", help="the app under Flower's SecAgg+ (`flower-app --secagg`)")
+    parser.add_argument(
+        "--secure", action="store_true", help="TLS, authenticated SuperNodes and a roster (else the local trial)"
+    )
     args = parser.parse_args(argv)
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -88,11 +94,21 @@ def main(argv: list[str] | None = None) -> None:
     configs = ["--config", str(ROOT / "configs/quickstart.yaml"), "--config", str(out / "deploy.yaml")]
     fed = [_tool("lightning-fed")]
     secagg = ["--secagg"] if args.secagg else []
-    subprocess.run([*fed, "flower-app", *configs, "--out", str(out / "app"), *secagg], check=True, env=env, cwd=out)
+    keys = out / "keys"
+    if args.secure:
+        # `lightning-fed deploy-keys`, run as its module (an editable install may predate the command's entry point).
+        subprocess.run(
+            [sys.executable, "-m", "lightning_fed.deploy.keys", "--out", str(keys), "--sites", "3"], check=True, env=env
+        )
+    security = ["--roster", str(keys / "roster.json")] if args.secure else ["--insecure"]
+    subprocess.run(
+        [*fed, "flower-app", *configs, "--out", str(out / "app"), *secagg, *security], check=True, env=env, cwd=out
+    )
     port = _free_port()
     (out / "flwr-home").mkdir(exist_ok=True)
+    trust = f'root-certificates = "{keys / "ca.pem"}"' if args.secure else "insecure = true"
     (out / "flwr-home" / "config.toml").write_text(
-        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{port}"\n{trust}\n'
     )
     processes: list[subprocess.Popen[bytes]] = []
 
@@ -101,10 +117,12 @@ def main(argv: list[str] | None = None) -> None:
         processes.append(subprocess.Popen(command, stdout=log, stderr=log, env=env, cwd=out, start_new_session=True))
 
     try:
+        tls = ["--ssl-ca-certfile", str(keys / "ca.pem"), "--ssl-certfile", str(keys / "superlink.pem")]
+        tls += ["--ssl-keyfile", str(keys / "superlink.key"), "--enable-supernode-auth"]
         start(
             "superlink",
             _tool("flower-superlink"),
-            "--insecure",
+            *(tls if args.secure else ["--insecure"]),
             "--disable-runtime-dependency-installation",
             "--host",
             "127.0.0.1",
@@ -114,25 +132,35 @@ def main(argv: list[str] | None = None) -> None:
             str(out / "superlink.db"),
         )
         deadline = time.monotonic() + 60
+        scheme = "https" if args.secure else "http"
+        context = ssl.create_default_context(cafile=str(keys / "ca.pem")) if args.secure else None
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                with urllib.request.urlopen(f"{scheme}://127.0.0.1:{port}/health", timeout=1, context=context):
                     break
             except OSError:
                 if time.monotonic() > deadline:
                     raise SystemExit("the SuperLink did not come up") from None
                 time.sleep(0.5)
         for site in range(3):
+            node_config = f"client-id={site} state-dir='{out / f'site-{site}-state'}'"
+            trusted = ["--insecure"]
+            if args.secure:
+                key = keys / f"site-{site}.key"
+                register = [_tool("flwr"), "supernode", "register", str(keys / f"site-{site}.pub")]
+                subprocess.run(register, check=True, env=env, cwd=out, stdout=subprocess.DEVNULL)
+                trusted = ["--root-certificates", str(keys / "ca.pem"), "--auth-supernode-private-key", str(key)]
+                node_config += f" site-key='{key}'"
             start(
                 f"supernode-{site}",
                 _tool("flower-supernode"),
-                "--insecure",
+                *trusted,
                 "--superlink",
                 f"127.0.0.1:{port}",
                 "--port",
                 str(_free_port()),
                 "--node-config",
-                f"client-id={site} state-dir='{out / f'site-{site}-state'}'",
+                node_config,
             )
         started = time.perf_counter()
         subprocess.run(
@@ -160,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
             {
                 "date": time.strftime("%Y-%m-%d"),
                 "secagg": args.secagg,
+                "secure": args.secure,
                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                 "deployed_round_s": [round(r["time/round_s"], 2) for r in deployed],
                 "simulated_round_s": [round(r["time/round_s"], 2) for r in simulated],

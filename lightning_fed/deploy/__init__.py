@@ -8,6 +8,10 @@
 * :mod:`~lightning_fed.deploy.transport`: the transport contract and the in-process loopback.
 * :mod:`~lightning_fed.deploy.secure_sum`: what travels masked under secure aggregation (the declared sums).
 * :mod:`~lightning_fed.deploy.server`: the server's fit.
+* :mod:`~lightning_fed.deploy.roster`: which node's key may serve which client, and the signatures that prove it.
+* :mod:`~lightning_fed.deploy.reply_check`: what a site's reply may hold before the server folds it.
+* :mod:`~lightning_fed.deploy.keys`: ``lightning-fed deploy-keys``, a test CA, the SuperLink's certificate and the
+  sites' key pairs.
 """
 
 from typing import TYPE_CHECKING
@@ -16,6 +20,7 @@ from lightning_fed.utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from lightning_fed.deploy.remote import RemoteClients, remote_clients
+    from lightning_fed.deploy.roster import Roster
     from lightning_fed.deploy.server import check_server, serve
     from lightning_fed.deploy.site import ClientSite, SiteTrainer
     from lightning_fed.deploy.site_store import SiteStateStore
@@ -27,6 +32,7 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         **dict.fromkeys(("RemoteClients", "remote_clients"), "lightning_fed.deploy.remote"),
+        "Roster": "lightning_fed.deploy.roster",
         **dict.fromkeys(("check_server", "serve"), "lightning_fed.deploy.server"),
         **dict.fromkeys(("ClientSite", "SiteTrainer"), "lightning_fed.deploy.site"),
         "SiteStateStore": "lightning_fed.deploy.site_store",
@@ -40,6 +46,7 @@ __all__ = [
     "ClientSite",
     "LoopbackTransport",
     "RemoteClients",
+    "Roster",
     "RoundReplies",
     "SiteStateStore",
     "SiteTrainer",

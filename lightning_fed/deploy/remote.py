@@ -5,7 +5,9 @@
 ClientTask` per client, carrying what a site needs to open the round as the server did (the algorithms' broadcast
 state, the LR schedulers, the configuration's fingerprint), and the sites' :class:`~lightning_fed.messages.
 ClientReply` s come back in round order, each with its client's round state, for the server half to fold in
-(``ServerHalf.fold``) exactly as one process would. A client whose reply does not arrive is answered for with
+(``ServerHalf.fold``) exactly as one process would. Each reply is checked first (:mod:`~lightning_fed.deploy.
+reply_check`: its round, its client, the shape of its round state); a client whose reply does not arrive, or is
+refused, is answered for with
 :meth:`ClientReply.no_answer <lightning_fed.messages.ClientReply.no_answer>`. Under secure aggregation the sums
 arrive as one total over the round's replies (:mod:`~lightning_fed.deploy.secure_sum`): one more reply, with no
 client, that carries that total.
@@ -17,12 +19,14 @@ then lost its reply (killed, or too late), and must not continue from a state th
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_fed.deploy.algorithms import algorithm_fingerprint
+from lightning_fed.deploy.reply_check import check_reply, expected_round_state
 from lightning_fed.deploy.secure_sum import rebuild_sums, split_round_state
 from lightning_fed.deploy.transport import Transport
 from lightning_fed.engine import (
@@ -84,12 +88,16 @@ class RemoteClients:
             task.global_params,
             schedulers=scheduler_snapshot(self.module.trainer),
         )
+        # The round state the server declared, as its objects hold it until the replies are folded: what each reply's
+        # must look like.
+        expected = expected_round_state(algorithm_objects(self.trainer))
         received = self.transport.exchange(tasks)
         store = self.trainer.federation_state.store
         objects = algorithm_objects(self.trainer)
         replies: list[ClientReply] = []
+        sent = {sent.client_id: sent for sent in tasks}
         for client_id in task.client_ids:
-            reply = received.replies.get(client_id)
+            reply = _checked(received.replies.get(client_id), sent[client_id], expected)
             if reply is None:
                 replies.append(ClientReply.no_answer(task.round_idx, client_id))
                 continue
@@ -120,8 +128,9 @@ class RemoteClients:
         results: dict[int, dict[str, float]] = {}
         personalised = False
         store = self.trainer.federation_state.store
+        sent = {sent.client_id: sent for sent in tasks}
         for client_id in client_ids:
-            reply = replies.get(client_id)
+            reply = _checked(replies.get(client_id), sent[client_id], None)
             if reply is None:
                 continue
             # A personalisation hook may have written the client's state: the site saved it as this round's version.
@@ -174,6 +183,23 @@ class RemoteClients:
             )
             for client_id in client_ids
         ]
+
+
+def _checked(reply: ClientReply | None, task: ClientTask, expected: Any) -> ClientReply | None:
+    """``reply`` if it may be folded as the answer to ``task`` (:func:`~lightning_fed.deploy.reply_check.check_reply`);
+    else ``None``, with one line saying why it is refused (its client is then dropped, as if it had not answered)."""
+    if reply is None:
+        return None
+    why = check_reply(reply, task, expected)
+    if why is None:
+        return reply
+    what = "evaluation" if task.evaluate else "reply"
+    print(
+        f"[lightning_fed] Client {task.client_id}'s {what} in round {task.round_idx} is refused: {why}.",
+        file=sys.stderr,
+        flush=True,
+    )
+    return None
 
 
 def oldest_checkpointed_round(trainer: Any) -> int | None:

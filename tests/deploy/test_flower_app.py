@@ -12,6 +12,8 @@ from helpers.flower_configs import write_config
 from lightning_fed.cli.main import extra_commands
 from lightning_fed.deploy.app import main
 from lightning_fed.deploy.config import build_from_config
+from lightning_fed.deploy.keys import write_keys
+from lightning_fed.deploy.roster import Roster
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11's")
 
@@ -19,9 +21,12 @@ tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11's")
 def test_the_app_directory_holds_the_components_the_run_config_and_the_resolved_config(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     config = write_config(tmp_path, "fedprox")
-    assert main(["--config", str(config), "--out", "my_app", "--round-timeout", "30"]) == 0
+    keys = write_keys(tmp_path / "keys", [[0], [1], [2]])
+    assert (
+        main(["--config", str(config), "--out", "my_app", "--round-timeout", "30", "--roster", str(keys.roster)]) == 0
+    )
     app = tmp_path / "my_app"
-    assert sorted(p.name for p in app.iterdir()) == ["README.md", "config.yaml", "pyproject.toml"]
+    assert sorted(p.name for p in app.iterdir()) == ["README.md", "config.yaml", "pyproject.toml", "roster.json"]
     project = tomllib.loads((app / "pyproject.toml").read_text())
     assert project["project"]["name"] == "my-app" and project["project"]["version"]
     flwr = project["tool"]["flwr"]["app"]
@@ -29,14 +34,56 @@ def test_the_app_directory_holds_the_components_the_run_config_and_the_resolved_
         "serverapp": "lightning_fed.deploy.flower:server_app",
         "clientapp": "lightning_fed.deploy.flower:client_app",
     }
-    assert flwr["config"] == {"round-timeout": 30.0, "resume": False, "workdir": "", "state-dir": ""}
+    assert flwr["config"] == {
+        "round-timeout": 30.0,
+        "resume": False,
+        "workdir": "",
+        "state-dir": "",
+        "roster": "roster.json",
+    }
+    assert Roster.load(app / "roster.json").keys == Roster.load(keys.roster).keys
     resolved = yaml.safe_load((app / "config.yaml").read_text())
     assert resolved["trainer"]["callbacks"][0]["class_path"] == "lightning_fed.callbacks.FedProx"
     assert resolved["data"]["init_args"]["num_samples"] == 300
     # The resolved file builds the same fit as the user's.
     _, _, trainer = build_from_config([app / "config.yaml"], save_config_callback=None)
     assert trainer.num_rounds == 3 and trainer.client_eval == "none"
-    assert "flwr run" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "flwr run" in captured.out and captured.err == ""
+    # The app's README runs the SuperLink with TLS and authenticated SuperNodes, and never --insecure.
+    readme = (app / "README.md").read_text()
+    assert "--insecure" not in readme
+    for flag in ("--ssl-certfile", "--enable-supernode-auth", "--root-certificates", "--auth-supernode-private-key"):
+        assert flag in readme, flag
+    assert "flwr supernode register" in readme and "site-key=" in readme and "root-certificates =" in readme
+
+
+def test_a_deployment_app_needs_a_roster_and_insecure_says_it_is_a_local_trial_in_one_line(tmp_path, capsys):
+    config = write_config(tmp_path)
+    assert main(["--config", str(config), "--out", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "name the deployment's roster with --roster" in err[0] and "--insecure" in err[0]
+    assert not (tmp_path / "none").exists()
+    assert main(["--config", str(config), "--out", str(tmp_path / "trial"), "--insecure"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--insecure: a local trial only" in err[0]
+    settings = tomllib.loads((tmp_path / "trial" / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert settings["roster"] == "" and not (tmp_path / "trial" / "roster.json").exists()
+    # The trial app's README has one --insecure command, the one it marks as a local trial.
+    readme = (tmp_path / "trial" / "README.md").read_text()
+    (line,) = [line for line in readme.splitlines() if "--insecure" in line and "flower-" in line]
+    assert "local trial" in readme.split(line)[0].splitlines()[-2]
+
+
+def test_a_bad_roster_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys):
+    config = write_config(tmp_path)
+    (tmp_path / "roster.json").write_text('{"clients": {"0": "ssh-ed25519 AAAA"}}')
+    assert (
+        main(["--config", str(config), "--out", str(tmp_path / "app"), "--roster", str(tmp_path / "roster.json")]) == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("lightning-fed flower-app: The roster ") and "client 0" in err[0]
+    assert not (tmp_path / "app").exists()
 
 
 def test_a_config_a_deployment_cannot_run_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys):
@@ -61,7 +108,7 @@ def test_an_unknown_key_is_refused_in_one_line(tmp_path, capsys):
 def test_secagg_turns_secure_aggregation_on_in_the_run_config(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = write_config(tmp_path, "scaffold")
-    assert main(["--config", str(config), "--out", "app", "--secagg"]) == 0
+    assert main(["--config", str(config), "--out", "app", "--secagg", "--insecure"]) == 0
     settings = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert settings["secagg"] is True and settings["secagg-clipping-range"] == 8.0
     assert settings["secagg-quantization-range"] == 2**22
@@ -80,7 +127,8 @@ def test_the_command_is_registered_for_the_cli():
     """`lightning-fed flower-app` reaches the writer through the `lightning_fed.commands` entry points."""
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert pyproject["project"]["entry-points"]["lightning_fed.commands"] == {
-        "flower-app": "lightning_fed.deploy.app:main"
+        "flower-app": "lightning_fed.deploy.app:main",
+        "deploy-keys": "lightning_fed.deploy.keys:main",
     }
     installed = extra_commands().get("flower-app")
     if installed is None:

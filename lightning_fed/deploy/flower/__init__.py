@@ -10,9 +10,14 @@ message, and the worker pays Python's, torch's and Lightning's start-up once per
 
 Both apps read the deployment from the Flower app directory that ``lightning-fed flower-app`` writes: its resolved
 ``config.yaml`` and the run config in its ``pyproject.toml`` (``round-timeout``, ``resume``, ``workdir``,
-``state-dir``). A SuperNode says which client it serves and where it keeps that client's state in its node config::
+``state-dir``, ``roster``). A SuperNode says which client it serves, where it keeps that client's state and which key
+signs for it in its node config::
 
-    flower-supernode --insecure --superlink 127.0.0.1:8000 --node-config "client-id=0 state-dir='site-0-state'"
+    flower-supernode --root-certificates keys/ca.pem --auth-supernode-private-key keys/site-0.key \
+        --superlink 127.0.0.1:8000 --node-config "client-id=0 state-dir='site-0-state' site-key='keys/site-0.key'"
+
+With the run config's ``roster`` (:mod:`lightning_fed.deploy.roster`), the server accepts a node's claim to a client,
+and its replies, only when signed with that client's roster key.
 
 (``client-ids='0,1,2'`` for a node that serves several clients; optionally ``data-config='site-data.yaml'``: a
 YAML whose ``data`` section replaces the app's at that site). In

@@ -18,15 +18,23 @@ from flwr.serverapp import Grid, ServerApp
 from lightning_fed.deploy.app import SECAGG_RUN_CONFIG
 from lightning_fed.deploy.flower.settings import (
     APP_CONFIG,
+    CHALLENGE_KEY,
+    CLIENT_ID_KEY,
     CLIENT_IDS_KEY,
     LEGACY_TASK,
+    NONCE_KEY,
+    PROOFS_KEY,
     RECORD,
     REPLY_KEY,
+    SIGNATURE_KEY,
+    SITE_KEY,
     TASK_KEY,
     client_ids_of,
     find_app_dir,
     payload,
+    roster_of,
     round_timeout,
+    say,
     setting,
     state_dir_of,
 )
@@ -45,19 +53,27 @@ client_app = ClientApp()
 def transport_of(grid: Grid, context: Context) -> GridTransport:
     """The run's transport: a :class:`SecureGridTransport` when the run config sets ``secagg``, with its
     ``secagg-clipping-range``, ``secagg-quantization-range``, ``secagg-num-shares`` and
-    ``secagg-reconstruction-threshold``; else a plain :class:`GridTransport`."""
+    ``secagg-reconstruction-threshold``; else a plain :class:`GridTransport`. Either checks every node's claims
+    and replies against the run config's ``roster``; without one (an insecure local trial) it says so in one line."""
     from lightning_fed.deploy.flower.grid_transport import GridTransport
     from lightning_fed.deploy.flower.secure_transport import SecureGridTransport
 
     run_config = context.run_config
     timeout = round_timeout(run_config)
+    roster = roster_of(run_config)
+    if roster is None:
+        say(
+            "No roster (run config `roster`): any SuperNode may serve any client and its replies are not signed;"
+            " this app is for a local trial only (`lightning-fed flower-app --insecure`)."
+        )
     if not bool(setting(run_config, "secagg", False)):
-        return GridTransport(grid, timeout=timeout)
+        return GridTransport(grid, timeout=timeout, roster=roster)
     settings = {key: setting(run_config, key, default) for key, default in SECAGG_RUN_CONFIG.items()}
     return SecureGridTransport(
         grid,
         context,
         timeout,
+        roster=roster,
         clipping_range=float(settings["secagg-clipping-range"]),
         quantization_range=int(settings["secagg-quantization-range"]),
         num_shares=settings["secagg-num-shares"],
@@ -91,9 +107,44 @@ def server_main(grid: Grid, context: Context) -> None:
 
 @client_app.query()
 def client_query(message: Message, context: Context) -> Message:
-    """Answers which client this SuperNode serves."""
+    """Answers which clients this SuperNode serves; with a ``site-key`` in its node config, each signed over the
+    server's challenge (:func:`~lightning_fed.deploy.roster.serves_statement`), which the server checks against its
+    roster."""
+    from lightning_fed.deploy.roster import serves_statement, sign
+
     client_ids = client_ids_of(context.node_config)
-    return Message(RecordDict({RECORD: ConfigRecord({CLIENT_IDS_KEY: client_ids})}), reply_to=message)
+    answer: dict[str, Any] = {CLIENT_IDS_KEY: client_ids}
+    request: Any = message.content[RECORD] if RECORD in message.content.config_records else {}
+    challenge = request.get(CHALLENGE_KEY)
+    key = _site_key(context)
+    if isinstance(challenge, bytes) and key is not None:
+        answer[PROOFS_KEY] = [
+            sign(key, serves_statement(challenge, context.node_id, client_id)) for client_id in client_ids
+        ]
+    return Message(RecordDict({RECORD: ConfigRecord(answer)}), reply_to=message)
+
+
+def _site_key(context: Context) -> Any:
+    """The node's private key (node config ``site-key``), or ``None`` if it names none."""
+    from lightning_fed.deploy.roster import load_private_key
+
+    path = setting(context.node_config, SITE_KEY, "")
+    return load_private_key(str(path)) if path else None
+
+
+def _signed(reply: bytes, task: dict[str, Any], context: Context) -> dict[str, Any]:
+    """What goes back with a reply: the reply, the task's nonce echoed and, with a ``site-key``, the node's signature
+    over the nonce, the client id and the reply (:func:`~lightning_fed.deploy.roster.reply_statement`)."""
+    from lightning_fed.deploy.roster import reply_statement, sign
+
+    answer: dict[str, Any] = {REPLY_KEY: reply}
+    nonce, client_id = task.get(NONCE_KEY), task.get(CLIENT_ID_KEY)
+    if isinstance(nonce, bytes):
+        answer[NONCE_KEY] = nonce
+        key = _site_key(context)
+        if key is not None and isinstance(client_id, int):
+            answer[SIGNATURE_KEY] = sign(key, reply_statement(nonce, client_id, reply))
+    return answer
 
 
 def _secure_aggregation(message: Message, context: Context, call_next: Any) -> Message:
@@ -143,8 +194,9 @@ def _answer_here(
         site.close()
 
 
-def _reply_message(message: Message, reply: bytes) -> Message:
-    return Message(RecordDict({RECORD: ConfigRecord({REPLY_KEY: reply})}), reply_to=message)
+def _reply_message(message: Message, reply: bytes, context: Context) -> Message:
+    task = dict(message.content[RECORD])
+    return Message(RecordDict({RECORD: ConfigRecord(_signed(reply, task, context))}), reply_to=message)
 
 
 @client_app.train(mods=[_secure_aggregation])
@@ -155,19 +207,21 @@ def client_train(message: Message, context: Context) -> Message:
     the sums as the result's arrays, which ``secaggplus_mod`` masks, and the rest of the reply in its metrics.
     """
     if LEGACY_TASK not in message.content.config_records:
-        return _reply_message(message, _handle(payload(message, TASK_KEY), context).reply)
-    task_bytes = message.content.config_records[LEGACY_TASK][TASK_KEY]
+        return _reply_message(message, _handle(payload(message, TASK_KEY), context).reply, context)
+    task = dict(message.content.config_records[LEGACY_TASK])
+    task_bytes = task.get(TASK_KEY)
     if not isinstance(task_bytes, bytes):
         raise ValueError(f"`{LEGACY_TASK}.{TASK_KEY}` holds {type(task_bytes).__name__}, not bytes")
     answer = _handle(task_bytes, context)
-    result = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(answer.arrays), 1, {REPLY_KEY: answer.reply})
+    signed = _signed(answer.reply, task, context)
+    result = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(answer.arrays), 1, signed)
     return Message(recorddict_compat.fitres_to_recorddict(result, keep_input=True), reply_to=message)
 
 
 @client_app.evaluate()
 def client_evaluate(message: Message, context: Context) -> Message:
     """Evaluates the task's model on the client's test split at this site and replies."""
-    return _reply_message(message, _handle(payload(message, TASK_KEY), context).reply)
+    return _reply_message(message, _handle(payload(message, TASK_KEY), context).reply, context)
 
 
 __all__ = ["client_app", "server_app", "transport_of"]

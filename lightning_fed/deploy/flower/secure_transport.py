@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
@@ -15,10 +17,10 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
 
 from lightning_fed.deploy.app import SECAGG_RUN_CONFIG
-from lightning_fed.deploy.flower.grid_transport import GridTransport
-from lightning_fed.deploy.flower.settings import REPLY_KEY, TASK_KEY, say
+from lightning_fed.deploy.flower.grid_transport import GridTransport, SentTask
+from lightning_fed.deploy.flower.settings import say
+from lightning_fed.deploy.roster import NONCE_BYTES, Roster
 from lightning_fed.deploy.transport import RoundReplies
-from lightning_fed.deploy.wire import encode
 from lightning_fed.messages import ClientReply, ClientTask
 
 
@@ -43,6 +45,8 @@ class SecureGridTransport(GridTransport):
         grid: The ServerApp's grid.
         context: The ServerApp's context (the workflow keeps its round in the context's state).
         timeout: Seconds to wait for each of the round's exchanges (``None``: wait for every reply).
+        roster: Which key may serve which client (:class:`GridTransport`); the clear part of each reply is signed
+            and checked as there.
         clipping_range: :math:`c`: every entry of a site's sums must lie in :math:`[-c, c]`.
         quantization_range: :math:`2^b`, the integer levels of :math:`[-c, c]`.
         num_shares: Into how many shares a node's secrets are split: a count (> 2), or a fraction of the round's
@@ -57,12 +61,13 @@ class SecureGridTransport(GridTransport):
         context: Context,
         timeout: float | None = None,
         *,
+        roster: Roster | None = None,
         clipping_range: float = SECAGG_RUN_CONFIG["secagg-clipping-range"],
         quantization_range: int = SECAGG_RUN_CONFIG["secagg-quantization-range"],
         num_shares: int | float = SECAGG_RUN_CONFIG["secagg-num-shares"],
         reconstruction_threshold: int | float = SECAGG_RUN_CONFIG["secagg-reconstruction-threshold"],
     ) -> None:
-        super().__init__(grid, timeout)
+        super().__init__(grid, timeout, roster)
         self.context = context
         self.secure_range = clipping_range
         # Weight 1 per client (max_weight 1): the workflow's weighted mean is the plain mean.
@@ -88,7 +93,8 @@ class SecureGridTransport(GridTransport):
                     " needs 2, so it is dropped too."
                 )
             return RoundReplies({})
-        strategy = _SecureRound(self.grid, self.context.run_id, routed)
+        sent = [SentTask(task, node_id, secrets.token_bytes(NONCE_BYTES)) for task, node_id in routed]
+        strategy = _SecureRound(self.grid, self.context.run_id, sent)
         legacy = LegacyContext(self.context, ServerConfig(num_rounds=1), strategy)
         legacy.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: round_idx + 1})
         legacy.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
@@ -96,11 +102,9 @@ class SecureGridTransport(GridTransport):
         if strategy.results is None:
             say(f"Round {round_idx}: secure aggregation did not complete; every client of the round is dropped.")
             return RoundReplies({})
-        expected = {task.client_id: node_id for task, node_id in routed}
         replies: dict[int, ClientReply] = {}
         for proxy, result in strategy.results:
-            payload = result.metrics.get(REPLY_KEY)
-            reply = self._reply(proxy.node_id, payload, expected) if isinstance(payload, bytes) else None
+            reply = self.accept(proxy.node_id, dict(result.metrics), sent)
             if reply is None:
                 # Its masked sums are inside the total, and what they were is unknown: the round cannot be used.
                 say(f"Round {round_idx}: a reply could not be read; every client of the round is dropped.")
@@ -116,11 +120,11 @@ class _SecureRound(Strategy):
     """The legacy strategy that Flower's SecAgg+ workflow drives for one round: it hands out lightning_fed's tasks
     and keeps what the workflow gives back (each reply, its arrays replaced by the unmasked mean)."""
 
-    def __init__(self, grid: Grid, run_id: int, routed: list[tuple[ClientTask, int]]) -> None:
+    def __init__(self, grid: Grid, run_id: int, sent: list[SentTask]) -> None:
         empty = Parameters(tensors=[], tensor_type="numpy.ndarray")
         self.instructions: list[tuple[ClientProxy, FitIns]] = [
-            (GridClientProxy(node_id, grid, run_id), FitIns(empty, {TASK_KEY: encode(task)}))
-            for task, node_id in routed
+            (GridClientProxy(item.node_id, grid, run_id), FitIns(empty, GridTransport.task_record(item)))
+            for item in sent
         ]
         self.results: list[tuple[ClientProxy, FitRes]] | None = None
 

@@ -12,6 +12,8 @@ from flwr.app import Message
 if TYPE_CHECKING:
     from flwr.app import UserConfigValue
 
+    from lightning_fed.deploy.roster import Roster
+
 #: The record of a message that holds lightning_fed's payload, and its keys.
 RECORD = "lightning_fed"
 TASK_KEY = "task"
@@ -20,6 +22,18 @@ REPLY_KEY = "reply"
 LEGACY_TASK = "fitins.config"
 CLIENT_ID_KEY = "client-id"
 CLIENT_IDS_KEY = "client-ids"
+#: A task's fresh nonce (echoed back with the reply) and the site's signature of its reply
+#: (:func:`~lightning_fed.deploy.roster.reply_statement`).
+NONCE_KEY = "nonce"
+SIGNATURE_KEY = "signature"
+#: A query's fresh challenge, and the node's signature for each client it names
+#: (:func:`~lightning_fed.deploy.roster.serves_statement`).
+CHALLENGE_KEY = "challenge"
+PROOFS_KEY = "proofs"
+#: The node config's path of the node's private key (the file given to ``--auth-supernode-private-key``).
+SITE_KEY = "site-key"
+#: The run config's path of the roster (relative paths lead into the app directory); empty: an insecure trial.
+ROSTER_KEY = "roster"
 
 #: The file of the app directory that holds the deployment's resolved configuration.
 APP_CONFIG = "config.yaml"
@@ -69,6 +83,22 @@ def round_timeout(run_config: dict[str, UserConfigValue]) -> float | None:
     return value if value > 0 else None
 
 
+def roster_of(run_config: dict[str, UserConfigValue]) -> Roster | None:
+    """The run's roster (:class:`~lightning_fed.deploy.roster.Roster`), from the run config's ``roster`` (a path in
+    the app directory, or absolute); ``None`` when it names none (an insecure local trial).
+
+    Raises:
+        ValueError: In one line, if the file cannot be read as a roster.
+    """
+    from lightning_fed.deploy.roster import Roster
+
+    value = str(setting(run_config, ROSTER_KEY, ""))
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    return Roster.load(path if path.is_absolute() else find_app_dir() / path)
+
+
 def client_ids_of(node_config: dict[str, UserConfigValue]) -> list[int]:
     """The clients a SuperNode serves: its node config's ``client-ids`` (comma-separated) or ``client-id``, else
     (simulation) its ``partition-id``.
@@ -111,9 +141,16 @@ __all__ = [
     "SERVER_APP_REF",
     "TASK_KEY",
     "CLIENT_IDS_KEY",
+    "CHALLENGE_KEY",
+    "NONCE_KEY",
+    "PROOFS_KEY",
+    "ROSTER_KEY",
+    "SIGNATURE_KEY",
+    "SITE_KEY",
     "client_ids_of",
     "find_app_dir",
     "payload",
+    "roster_of",
     "round_timeout",
     "say",
     "setting",
