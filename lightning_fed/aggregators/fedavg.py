@@ -87,15 +87,17 @@ class FedAvg(Aggregator):
         weight = self._weights[update.client_id]
         self._accepted_weight += weight
         for name, tensor in self.float_entries(update.params).items():
-            self._sum[name].add_(tensor.detach().double(), alpha=weight)
+            # float64 += weight * float32 reads the float32 values as float64 exactly, as `.double()` would, without
+            # a float64 copy of the model per client: the same sum to the bit.
+            real = tensor.detach() if tensor.is_floating_point() else tensor.detach().double()
+            self._sum[name].add_(real, alpha=weight)
 
     @override
     def update_group(self, updates: Sequence[ClientUpdate]) -> None:
         if type(self).update is not FedAvg.update:
             super().update_group(updates)  # a subclass that changes `update` folds one update at a time
             return
-        # `update`'s sum in the same order, without a float64 copy of each tensor: float64 += weight * float32 reads
-        # the float32 values as float64 (exactly), as `.double()` does, so the sum is bit-identical.
+        # `update`'s sum, one update after another in the same order.
         for update in updates:
             weight = self._weights[update.client_id]
             self._accepted_weight += weight

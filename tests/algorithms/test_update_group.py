@@ -7,7 +7,7 @@ from typing_extensions import override
 
 from lightning_fed import ClientStateStore, ClientUpdate, RoundContext
 from lightning_fed.aggregators import FedAvg, FedAvgM, NormBound
-from lightning_fed.functional.state_dict import finite_rows
+from lightning_fed.functional.state_dict import all_finite, finite_rows
 
 SIZES = {0: 7, 2: 13, 5: 30, 8: 1}
 
@@ -97,3 +97,18 @@ def test_finite_rows_agrees_with_isfinite():
     expected = torch.stack([torch.isfinite(t).reshape(6, -1).all(1) for t in tensors]).all(0).tolist()
     assert finite_rows(tensors, 6) == expected == [True, False, False, False, True, False]
     assert finite_rows([], 3) == [True, True, True]
+
+
+def test_all_finite_agrees_with_isfinite_on_every_row_of_the_same_cases():
+    generator = torch.Generator().manual_seed(1)
+    big = torch.randn(6, 40, 7, generator=generator)
+    big[1, 3, 2] = float("nan")
+    big[2, 0, 0] = float("inf")
+    big[3, 5, 1], big[3, 6, 1] = float("inf"), float("-inf")  # their sum is NaN
+    big[4, :2] = torch.finfo(torch.float32).max  # finite, but its sum overflows: checked element by element
+    transposed = torch.randn(6, 4, 9, generator=generator).transpose(1, 2)
+    for row in range(6):
+        state = {"w": big[row], "v": transposed[row], "count": torch.tensor(row)}
+        expected = all(bool(torch.isfinite(t).all()) for t in (big[row], transposed[row]))
+        assert all_finite(state) == expected, row
+    assert all_finite({"count": torch.tensor(3)}) and all_finite({})

@@ -41,6 +41,7 @@ GPU_COPIES_PER_CLIENT = 8
 GPU_MAX_GROUP = 1024
 _PER_CLIENT_HOOKS = ("on_client_start", "on_client_train_start", "client_loss", "on_client_end", *STEP_HOOKS)
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+_CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
 class TrainingStep(nn.Module):
@@ -122,15 +123,21 @@ def stack_batches(batches: Sequence[Any]) -> Any:
 
 
 def auto_group_size(module: LightningModule, device: torch.device, federated: Sequence[str] | None = None) -> int:
-    """The ``"auto"`` group size: on a CPU, as many clients as keep the stacked parameters cache-sized (convolutional
-    models too: there each client's convolutions run as its own, :mod:`~lightning_fed.engine.batched.convolution`);
-    on a GPU, as many as fit in a share of the free memory, at most ``GPU_MAX_GROUP``. A client costs its federated
-    part (``federated``: those ``state_dict`` keys; ``None``: the whole state): the frozen base is shared by the
-    group, unstacked."""
+    """The ``"auto"`` group size: on a CPU, as many clients as keep the stacked parameters cache-sized, and 1 for
+    convolutional models; on a GPU, as many as fit in a share of the free memory, at most ``GPU_MAX_GROUP``. A client
+    costs its federated part (``federated``: those ``state_dict`` keys; ``None``: the whole state): the frozen base
+    is shared by the group, unstacked.
+
+    Convolutional models stay sequential on a CPU because a group is slower there even with each client's
+    convolutions run as its own (:mod:`~lightning_fed.engine.batched.convolution`): the convolutions dominate the
+    step and gain nothing from the group, and the group's gather and scatter cost more than the per-step overhead it
+    saves (``benchmarks/batched.py``, 100 clients, 2026-11-28, quiet: FedAvg's CNN 0.87×, LeNet-5 0.95×)."""
     state = module.state_dict()
     names = list(state) if federated is None else federated
     per_client = sum(state[n].numel() * state[n].element_size() for n in names) or 1
     if device.type != "cuda":
+        if any(isinstance(m, _CONVOLUTIONS) for m in module.modules()):
+            return 1
         return max(1, CPU_GROUP_BYTES // per_client)
     free, _ = torch.cuda.mem_get_info(device)
     return max(1, min(GPU_MAX_GROUP, int(GPU_MEMORY_SHARE * free) // (GPU_COPIES_PER_CLIENT * per_client)))
