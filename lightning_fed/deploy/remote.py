@@ -97,18 +97,12 @@ class RemoteClients:
         replies: list[ClientReply] = []
         sent = {sent.client_id: sent for sent in tasks}
         for client_id in task.client_ids:
-            reply = _checked(received.replies.get(client_id), sent[client_id], expected)
+            reply = _checked(_unpacked(received.replies.get(client_id), objects), sent[client_id], expected)
             if reply is None:
                 replies.append(ClientReply.no_answer(task.round_idx, client_id))
                 continue
             if client_id not in reply.rejected:
                 store.put(FOLDED, client_id, task.round_idx)
-            if reply.round_state and not reply.partial:
-                # What each algorithm's pack_round_state sent, back as the site's round state, bit for bit.
-                reply.round_state = {
-                    key: objects[key].unpack_round_state(value) if key in objects else value
-                    for key, value in reply.round_state.items()
-                }
             replies.append(reply)
         if received.secure_sum is not None:
             # The round's sums over every reply (a rejected client added zeros), rebuilt in the server's declared
@@ -183,6 +177,22 @@ class RemoteClients:
             )
             for client_id in client_ids
         ]
+
+
+def _unpacked(reply: ClientReply | None, objects: dict[str, Any]) -> ClientReply | None:
+    """``reply`` with each algorithm's round state as the site held it (what its ``pack_round_state`` sent, back
+    bit for bit), ready for the checks; a round state that does not unpack is left as it came, and the checks
+    refuse it."""
+    if reply is None or not isinstance(reply.round_state, dict) or reply.partial:
+        return reply
+    unpacked: dict[str, Any] = {}
+    for key, value in reply.round_state.items():
+        try:
+            unpacked[key] = objects[key].unpack_round_state(value) if key in objects else value
+        except Exception:  # a malformed packed state from a hostile or broken site: the checks name what is wrong
+            return reply
+    reply.round_state = unpacked
+    return reply
 
 
 def _checked(reply: ClientReply | None, task: ClientTask, expected: Any) -> ClientReply | None:

@@ -187,15 +187,21 @@ class TamperingTransport(LoopbackTransport):
         return received
 
 
-def _wrong_shape(reply: ClientReply) -> None:
+def _sent_sum(reply: ClientReply) -> dict[str, torch.Tensor]:
+    """FedAvg's sum as the site sent it: one client's share as float32 entries and a weight (``pack_round_state``)."""
     assert reply.round_state is not None
-    summed = reply.round_state["aggregator"]["_sum"]
-    summed[next(iter(summed))] = torch.zeros(3, dtype=torch.float64)
+    state = reply.round_state["aggregator"]
+    assert "_sum_as_float32" in state and "_sum" not in state, sorted(state)
+    return state["_sum_as_float32"]
+
+
+def _wrong_shape(reply: ClientReply) -> None:
+    summed = _sent_sum(reply)
+    summed[next(iter(summed))] = torch.zeros(3)
 
 
 def _nan(reply: ClientReply) -> None:
-    assert reply.round_state is not None
-    summed = reply.round_state["aggregator"]["_sum"]
+    summed = _sent_sum(reply)
     name = next(iter(summed))
     summed[name] = torch.full_like(summed[name], float("nan"))
 

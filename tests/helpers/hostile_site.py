@@ -86,7 +86,9 @@ def _tampered(what: str, reply_bytes: bytes, task: dict[str, Any]) -> bytes:
         import torch
 
         assert reply.round_state is not None
-        summed = reply.round_state["aggregator"]["_sum"]
+        state = reply.round_state["aggregator"]
+        # FedAvg's sum as the site packs it (one client's share as float32 entries and a weight), or as it is held.
+        summed = state["_sum_as_float32"] if "_sum_as_float32" in state else state["_sum"]
         first = next(iter(summed))
         summed[first] = torch.zeros(3, dtype=summed[first].dtype)
     else:
