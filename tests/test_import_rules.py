@@ -165,7 +165,12 @@ def test_no_run_time_import_cycle():
 
 #: The packages that import an extra's distribution: ``{package: (the distribution's import name, the extra)}``.
 #: Their modules import where the extra is installed; every other module must import without any extra.
-EXTRA_PACKAGES = {"lightning_fed.deploy.flower": ("flwr", "flower")}
+EXTRA_PACKAGES = {
+    "lightning_fed.deploy.flower": ("flwr", "flower"),
+    # A deployment's keys and roster (TLS, node keys, signatures): cryptography, which the `flower` extra installs.
+    "lightning_fed.deploy.keys": ("cryptography", "flower"),
+    "lightning_fed.deploy.roster": ("cryptography", "flower"),
+}
 
 
 def _of_an_extra(name: str) -> str | None:

@@ -67,6 +67,7 @@ from lightning_fed.run.setup_checks import (
 from lightning_fed.trainer import FederatedTrainer
 from lightning_fed.utilities.atomic import write_text_atomic
 from lightning_fed.utilities.dependency_notices import without_dependency_notices
+from lightning_fed.utilities.extras import MissingExtraError
 
 
 class SaveConfigToRunDir(SaveConfigCallback):
@@ -384,7 +385,11 @@ def run_extra_command(name: str, argv: Sequence[str]) -> int | None:
     """
     entry = extra_commands().get(name)
     if entry is not None:
-        return int(entry.load()(list(argv)) or 0)
+        try:
+            return int(entry.load()(list(argv)) or 0)
+        except MissingExtraError as missing:
+            print(f"lightning-fed {name}: {missing}", file=sys.stderr)
+            return 2
     if name in _MISSING_COMMAND_HINTS:
         print(f"lightning-fed {name}: {_MISSING_COMMAND_HINTS[name]}", file=sys.stderr)
         return 2

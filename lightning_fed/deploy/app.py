@@ -235,11 +235,14 @@ def write_app(
         ValueError: If ``roster`` cannot be read as a roster.
         Exception: What checking the configuration raised (nothing is written then).
     """
-    from lightning_fed.deploy.roster import Roster
-
     out = Path(out)
     _check_out(out)
-    checked = None if roster is None else Roster.load(roster)
+    checked = None
+    if roster is not None:
+        # Keys need the `flower` extra (cryptography); a local trial without a roster does not.
+        from lightning_fed.deploy.roster import Roster
+
+        checked = Roster.load(roster)
     text = resolved_config(configs, secure=secagg)
     project = app_name(out, name)
     run_config = dict(DEFAULT_RUN_CONFIG, **{"round-timeout": float(round_timeout)})

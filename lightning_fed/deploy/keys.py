@@ -33,10 +33,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from lightning_fed.utilities.extras import require_extra
+
+try:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+except ModuleNotFoundError:  # without the `flower` extra: one line naming it (the CLI prints it), no traceback
+    require_extra("`lightning-fed deploy-keys`", "flower", "cryptography")
+    raise
 
 from lightning_fed.deploy.roster import Roster, public_key_line
 

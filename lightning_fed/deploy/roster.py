@@ -29,9 +29,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from lightning_fed.utilities.extras import require_extra
+
+try:
+    from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+except ModuleNotFoundError:  # without the `flower` extra: one line naming it (the CLI prints it), no traceback
+    require_extra("A deployment's roster", "flower", "cryptography")
+    raise
 
 #: The curves a roster key may use: NIST's, as Flower's SuperNode authentication requires.
 NIST_CURVES = (ec.SECP256R1, ec.SECP384R1, ec.SECP521R1)

@@ -3,22 +3,25 @@ without writing anything."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from helpers.flower_configs import write_config
 
-from lightning_fed.cli.main import extra_commands
+from lightning_fed.cli.main import extra_commands, run_extra_command
 from lightning_fed.deploy.app import main
 from lightning_fed.deploy.config import build_from_config
-from lightning_fed.deploy.keys import write_keys
-from lightning_fed.deploy.roster import Roster
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11's")
 
 
 def test_the_app_directory_holds_the_components_the_run_config_and_the_resolved_config(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("cryptography", reason="a roster's keys need the `flower` extra (cryptography)")
+    from lightning_fed.deploy.keys import write_keys
+    from lightning_fed.deploy.roster import Roster
+
     monkeypatch.chdir(tmp_path)
     config = write_config(tmp_path, "fedprox")
     keys = write_keys(tmp_path / "keys", [[0], [1], [2]])
@@ -76,6 +79,7 @@ def test_a_deployment_app_needs_a_roster_and_insecure_says_it_is_a_local_trial_i
 
 
 def test_a_bad_roster_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys):
+    pytest.importorskip("cryptography", reason="a roster's keys need the `flower` extra (cryptography)")
     config = write_config(tmp_path)
     (tmp_path / "roster.json").write_text('{"clients": {"0": "ssh-ed25519 AAAA"}}')
     assert (
@@ -134,3 +138,26 @@ def test_the_command_is_registered_for_the_cli():
     if installed is None:
         pytest.skip("the installed lightning-fed predates the flower-app entry point: `pip install -e .` again")
     assert installed.value == "lightning_fed.deploy.app:main"
+
+
+@pytest.mark.parametrize(
+    ("command", "argv"),
+    [("deploy-keys", ["--out", "keys", "--sites", "2"]), ("flower-app", ["--roster", "roster.json"])],
+)
+def test_without_the_flower_extra_the_key_commands_say_which_extra_in_one_line(
+    tmp_path, monkeypatch, capsys, command, argv
+):
+    # cryptography as if not installed (the base install): the commands that need it name the extra, no traceback.
+    for name in [name for name in sys.modules if name.split(".")[0] == "cryptography"] + ["cryptography"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    for module in ("lightning_fed.deploy.keys", "lightning_fed.deploy.roster"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    config = write_config(tmp_path)
+    (tmp_path / "roster.json").write_text('{"clients": {"0": "ecdsa-sha2-nistp384 AAAA"}}')
+    monkeypatch.chdir(tmp_path)
+    extra = ["--config", str(config), "--out", str(tmp_path / "app")] if command == "flower-app" else []
+    assert run_extra_command(command, [*extra, *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"lightning-fed {command}: "), err
+    assert "`cryptography`" in err[0] and "pip install 'lightning-fed[flower]'" in err[0], err
+    assert not (tmp_path / "keys").exists() and not (tmp_path / "app").exists()
