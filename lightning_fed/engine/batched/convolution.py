@@ -28,8 +28,7 @@ from torch.overrides import TorchFunctionMode
 _CONVOLUTIONS: dict[int, Callable[..., Tensor]] = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}
 
 
-@torch.library.custom_op("lightning_fed::client_convolution", mutates_args=())
-def client_convolution(
+def _ordinary_convolution(
     input: Tensor,
     weight: Tensor,
     bias: Tensor | None,
@@ -42,17 +41,11 @@ def client_convolution(
     return _CONVOLUTIONS[weight.dim()](input, weight, bias, stride, padding, dilation, groups)
 
 
-@client_convolution.register_fake
-def _(
-    input: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    stride: Sequence[int],
-    padding: Sequence[int],
-    dilation: Sequence[int],
-    groups: int,
-) -> Tensor:
-    return _CONVOLUTIONS[weight.dim()](input, weight, bias, stride, padding, dilation, groups)
+client_convolution = torch.library.custom_op("lightning_fed::client_convolution", mutates_args=())(
+    _ordinary_convolution
+)
+# Its shapes (for tracing) are the ordinary convolution's: the same function serves as the fake kernel.
+client_convolution.register_fake(_ordinary_convolution)
 
 
 def _per_client(
