@@ -1,10 +1,11 @@
 """Crashes of a local Flower deployment (issue 26): 1 SuperLink and 3 SuperNodes, separate processes on loopback,
 SCAFFOLD with every client in every round (so that each site keeps per-client state).
 
-* A SuperNode SIGKILLed while its client trains round 1 and restarted with the same node config (same client id and
-  state directory, a new node id): the run finishes, the client is dropped in round 1 only, and the model equals a
-  one-process deployment that loses that client's reply in round 1 (which equals simulation rejecting it there,
-  ``test_dropped_reply.py``).
+* A SuperNode SIGKILLed while it holds its client's round-1 task (:mod:`helpers.held_site`: the kill lands before
+  the site has written anything of the round, however fast it would have answered) and restarted with its node
+  config (same client id and state directory, no hold; a new node id): the run finishes, the client is dropped in round
+  1 only, and the model equals a one-process deployment that loses that client's reply in round 1 (which equals
+  simulation rejecting it there, ``test_dropped_reply.py``).
 * The SuperLink SIGKILLed (with the run's ServerApp and ``flwr run``) once the server's round-1 checkpoint is
   written, restarted on its database, and the run resumed (``resume=true``): the model and every site's state store
   are bit-identical to an uninterrupted deployed run.
@@ -15,6 +16,7 @@ The Flower processes run offline and end with the test, whatever it asserts (:mo
 from __future__ import annotations
 
 import io
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -26,6 +28,7 @@ import torch
 from helpers.deploy_faults import DroppingTransport
 from helpers.flower_configs import write_config
 from helpers.flower_processes import (
+    REPO,
     Processes,
     assert_close_states,
     deployed,
@@ -40,6 +43,8 @@ from helpers.flower_processes import (
 )
 
 pytest.importorskip("flwr", reason="Flower is the `flower` extra: pip install -e '.[flower]'")
+
+from helpers.held_site import held_marker, write_held_app
 
 from lightning_fed.deploy import ClientSite, serve
 from lightning_fed.deploy.app import write_app
@@ -70,25 +75,30 @@ class Deployment:
         self.port = free_port()
         home = root / "flwr-home"
         write_connection(home, "local", self.port)
-        self.processes = Processes(flower_env(home), root)
+        env = flower_env(home)
+        env["PYTHONPATH"] += f"{os.pathsep}{REPO / 'tests'}"  # the held site's ClientApp: helpers.held_site
+        self.processes = Processes(env, root)
         self.config = write_config(root, "scaffold")
         self.app = write_app([self.config], root / "app", round_timeout=ROUND_TIMEOUT)
+        write_held_app(self.app)  # a SuperNode holds a round's task only where its node config says hold-round
         self.superlink: Any = None
         self.supernodes: dict[int, Any] = {}
 
     def state_dir(self, site: int) -> Path:
         return self.root / f"site-{site}-state"
 
-    def start(self) -> None:
+    def start(self, node_configs: dict[int, str] | None = None) -> None:
         self.start_superlink()
         for site in range(NUM_SITES):
-            self.start_supernode(site)
+            self.start_supernode(site, (node_configs or {}).get(site, ""))
 
     def start_superlink(self) -> None:
         self.superlink = start_superlink(self.processes, self.port, self.root / "superlink.db")
 
-    def start_supernode(self, site: int) -> None:
-        self.supernodes[site] = start_supernode(self.processes, self.port, site, self.state_dir(site))
+    def start_supernode(self, site: int, node_config: str = "") -> None:
+        self.supernodes[site] = start_supernode(
+            self.processes, self.port, site, self.state_dir(site), node_config=node_config
+        )
 
     def start_run(self, name: str, workdir: Path, resume: bool = False) -> Any:
         """``flwr run`` in the background; its output (the ServerApp's log) goes to ``<name>.log``."""
@@ -127,12 +137,6 @@ def _federated_state(workdir: Path) -> dict[str, Any]:
     return checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]["federated"]["state"]
 
 
-def _training(log: str, round_idx: int) -> bool:
-    """Whether a SuperNode's log shows it received round ``round_idx``'s task and started its ClientApp."""
-    received = log.find(f"ROUND {round_idx}]")
-    return received >= 0 and "Start `flwr-clientapp` process" in log[received:]
-
-
 def _shifted(value: Any) -> Any:
     """``value`` with 1 added to every floating tensor: a state no round of the run produced."""
     if isinstance(value, torch.Tensor):
@@ -161,20 +165,17 @@ def test_a_killed_supernode_restarted_with_its_node_config_is_dropped_in_that_ro
     deployment, tmp_path, monkeypatch
 ):
     started = time.monotonic()
-    deployment.start()
+    deployment.start({KILLED: f"hold-round={KILL_ROUND}"})
     workdir = tmp_path / "server"
     run = deployment.start_run("flwr-run", workdir)
-    # Round 1's tasks go out once round 0's checkpoint is written: kill the site while its ClientApp trains.
-    wait_for(lambda: run.poll() is not None or _checkpoint(workdir, KILL_ROUND - 1), 300, "round 0's checkpoint")
+    # The site holds round 1's task without training (helpers.held_site): the kill lands while its round is in
+    # progress, before it has written anything of it, however fast a warm site would have answered.
+    held = held_marker(deployment.state_dir(KILLED), KILLED, KILL_ROUND)
+    wait_for(lambda: run.poll() is not None or held.exists(), 300, f"site {KILLED} holding round {KILL_ROUND}")
     assert run.poll() is None, deployment.processes.log("flwr-run")[-4000:]
-    log = f"supernode-{KILLED}"
-    wait_for(lambda: _training(deployment.processes.log(log), KILL_ROUND), 120, f"site {KILLED} training round 1")
     Processes.kill(deployment.supernodes[KILLED])
     store = SiteStateStore(deployment.state_dir(KILLED), KILLED)
-    if store.versions() != [KILL_ROUND - 1]:
-        # The kill must land while the site trains; a warm site now answers within the ClientApp's start-up, so the
-        # kill can come after its write (seen on 2026-11-28): the scenario did not happen, which is no verdict.
-        pytest.skip("the kill landed after the site wrote its round-1 version (a warm site answers in milliseconds)")
+    assert store.versions() == [KILL_ROUND - 1]
     # What a kill between the site's write and its reply leaves: a complete round-1 version the server never folds.
     # The server must tell the restarted site to drop it (SCAFFOLD: a c_i the server's c never absorbed).
     store.save(KILL_ROUND, _shifted(store.load(committed_round=KILL_ROUND - 1)))
