@@ -58,6 +58,9 @@ class _Never:
 NEVER = _Never()
 
 
+#: Specs whose key is a claim, not runs.
+_CLAIM_VALUES = frozenset({"verdict", "seeds", "ours"})
+
 #: Specs whose value is several tokens ("reproduced ×3", a whole figure).
 _VARIABLE = frozenset({"seeds", "ours"})
 
@@ -209,6 +212,21 @@ class Values:
 
     def _seeds(self, runs: Mapping[str, Summary], seed: int | None, key: str) -> str:
         return _seed_words([self._verdict(self._per_seed[s], s, key) for s in sorted(self._per_seed)])
+
+
+def runs_read(specs: Sequence[str], records: RecordSet) -> set[str]:
+    """The runs (experiment names) that ``specs`` read: the names in their keys, and for ``verdict``, ``seeds`` and
+    ``ours`` every run of the claim."""
+    needed: set[str] = set()
+    for spec in specs:
+        if spec.startswith("="):
+            continue
+        match = _SPEC.match(spec)
+        if match is None:
+            raise ValueError(f"bad token spec {spec!r}: write name[key] or name[key]:format or =literal")
+        key = match["key"].partition("@")[0]
+        needed |= set(records.claim(key).runs) if match["name"] in _CLAIM_VALUES else set(key.split(">"))
+    return needed
 
 
 def evaluate(spec: str, values: Values) -> list[str]:
@@ -378,6 +396,7 @@ __all__ = [
     "rebuilt_tuning_report",
     "report_differences",
     "render_row",
+    "runs_read",
     "shape_differences",
     "tokens",
 ]

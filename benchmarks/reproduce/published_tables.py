@@ -193,11 +193,30 @@ def _v2_full_rows(ours: int) -> dict[str, dict[int, list[str]]]:
             ours: ["=0", "=5", *_acc("last5", [_RFEDAVG, _FEDAVG_S]), *_acc("std", [_RFEDAVG, _FEDAVG_S], ".2f")],
             verdict: _verdict("rfedavg_sim0"),
         },
+        "3 (extra baselines)": {
+            ours: ["=0", *_acc("bmta", [f"pathological_{m}" for m in ("apfl", "fedavg_ft", "fedprox_ft")]), "=3"],
+        },
         "7": {
-            # The μ = 0.01 result beside it is the small profile's (1.05×, checked there) until the cut runs run.
-            ours: ["=5", "=100", "=1", *_speed(_FEDGG, _FEDAVG_D), "=0.01", "=0.01", "=1.05", "=0.01"],
+            # Beside it, the μ = 0.01 result of the cut run (row "7 (lr 0.01)").
+            ours: [
+                "=5",
+                "=100",
+                "=1",
+                *_speed(_FEDGG, _FEDAVG_D),
+                "=0.01",
+                "=0.01",
+                f"x[{_FEDGG_LR}>{_FEDAVG_LR}]:.2f",
+                "=7",
+                "=0.01",
+                "=0",
+                "=6",
+            ],
             verdict: [*_verdict("fedgg_rounds"), "=1"],
             seeds: [*_seeds("fedgg_rounds"), *_x(_FEDGG, _FEDAVG_D, (0, 1, 2))],
+        },
+        "7 (lr 0.01)": {
+            ours: ["=0", *_speed(_FEDGG_LR, _FEDAVG_LR)],
+            verdict: _verdict("fedgg_rounds_lr001"),
         },
         "8a": {
             ours: [
@@ -208,6 +227,13 @@ def _v2_full_rows(ours: int) -> dict[str, dict[int, list[str]]]:
             ],
             verdict: _verdict("baselines_fedgg"),
             seeds: _seeds("baselines_fedgg"),
+        },
+        "8a (lr 0.01)": {
+            ours: [
+                "=0",
+                *_acc("best", [_FEDGG_LR, "scaffold_fmnist_beta01_lr001", "fedprox_fmnist_beta01_lr001", _FEDAVG_LR]),
+            ],
+            verdict: _verdict("baselines_fedgg_lr001"),
         },
         "8b": {
             ours: [
@@ -368,7 +394,19 @@ def _docs_v2_full() -> dict[str, dict[int, list[str]]]:
         "=0",
     ]
     rows["6"][2] = ["=5", *_acc("last5", [_RFEDAVG, _FEDAVG_S]), *_acc("std", [_RFEDAVG, _FEDAVG_S], ".2f"), "=0"]
-    rows["7"][2] = ["=1", *_speed(_FEDGG, _FEDAVG_D), "=3", "=0.01", "=1.05", "=0.01"]
+    rows["3 (extra baselines)"][2] = [*rows["3 (extra baselines)"][2][1:-1], "=0"]
+    rows["7"][2] = [
+        "=1",
+        *_speed(_FEDGG, _FEDAVG_D),
+        "=3",
+        "=0.01",
+        "=0.01",
+        f"x[{_FEDGG_LR}>{_FEDAVG_LR}]:.2f",
+        "=0",
+        "=7",
+        "=0.01",
+    ]
+    rows["7 (lr 0.01)"][2] = [*_speed(_FEDGG_LR, _FEDAVG_LR), "=0"]
     rows["7"][4] = [*_seeds("fedgg_rounds"), *_x(_FEDGG, _FEDAVG_D, (2, 0))]  # "1.67–2.71×": seeds 2 and 0
     rows["8a"][2] = [
         *_acc("best", [_FEDGG, _FEDAVG_D]),
@@ -376,6 +414,7 @@ def _docs_v2_full() -> dict[str, dict[int, list[str]]]:
         *_acc("best", ["scaffold_fmnist_beta01", "fedprox_fmnist_beta01"]),
         "=0",
     ]
+    rows["8a (lr 0.01)"][2] = [*rows["8a (lr 0.01)"][2][1:], "=0"]
     rows["8b"][2] = [*rows["8b"][2][1:], "=0"]
     return rows
 
