@@ -31,8 +31,9 @@ from lightning_fed.utilities.seeding import derive_seed
 if TYPE_CHECKING:
     from lightning_fed.hooks import FederatedTrainerView
 
-# Stacked parameters of a group on a CPU: measured on a 2-core machine, 2NN groups of 10-25 clients (11-27 MB) gain
-# and a group of 100 (107 MB) falls out of cache and loses (docs/scaling.md, client_parallelism).
+# Stacked parameters of a group on a CPU: on a 2-core machine (2026-11-28, docs/scaling.md) 2NN groups of 21 (17 MB)
+# gain 1.10-1.11x over sequential, groups of 8 gain nothing (the group's per-step overhead) and larger ones lose the
+# cache (groups of 50: 1.21x at 100 clients, 1.08x at 1 000; of 100: slower than sequential).
 CPU_GROUP_BYTES = 16 * 2**20
 # On a GPU: the share of free memory a group may fill, and how many model-sized tensors a client costs there
 # (parameters, gradients, two optimizer slots, the gathered copies of a ragged step) before activations.
@@ -130,8 +131,10 @@ def auto_group_size(module: LightningModule, device: torch.device, federated: Se
 
     Convolutional models stay sequential on a CPU because a group is slower there even with each client's
     convolutions run as its own (:mod:`~lightning_fed.engine.batched.convolution`): the convolutions dominate the
-    step and gain nothing from the group, and the group's gather and scatter cost more than the per-step overhead it
-    saves (``benchmarks/batched.py``, 100 clients, 2026-11-28, quiet: FedAvg's CNN 0.87×, LeNet-5 0.95×)."""
+    step and gain nothing from the group. Even bare, with no framework, stacked clients' LeNet-5 steps are slower
+    than the clients' own on a CPU in both layouts that could batch them (``benchmarks/batched_ceiling.py``,
+    2026-11-28, quiet: the clients folded into the channels with a block-diagonal weight 0.91× at best, im2col with
+    a batched product 0.58× at best)."""
     state = module.state_dict()
     names = list(state) if federated is None else federated
     per_client = sum(state[n].numel() * state[n].element_size() for n in names) or 1
