@@ -27,7 +27,8 @@ the **arithmetic ceiling**, alone / the best stacked (what grouping saves on the
 the same data and steps) timed in the same run, against the **ideal batched round**: that round's client steps at
 the best stacked cost and nothing else: no data loading, no state copies, no aggregation, no logging. The ideal
 round's speed-up bounds any batched path from above; the report also gives the time left per round for all of a
-batched path's other work if it is to reach ``--goal`` (issue 44's 1.5×).
+batched path's other work if it is to reach ``--goal`` (issue 44's 1.5×), beside the bare cost of one piece of
+that work both paths do for every client: FedAvg's float64 weighted sum of the client's model.
 
 Run from the repository root, on a quiet machine (``--wait-quiet SECONDS`` waits for one)::
 
@@ -222,6 +223,20 @@ def time_stacked(
     return (time.perf_counter() - started) / (clients * len(sizes))
 
 
+def time_aggregation(name: str, clients: int) -> float:
+    """Seconds per client of FedAvg's float64 weighted sum, the bare way :class:`~lightning_fed.aggregators.FedAvg`
+    folds an update (float32 entries added into float64 sums with the client's weight): work that a batched round
+    does for every client as the sequential one does."""
+    torch.manual_seed(0)
+    states = [{n: p.detach() for n, p in make_model(name).named_parameters()} for _ in range(clients)]
+    sums = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in states[0].items()}
+    started = time.perf_counter()
+    for state in states:
+        for n, tensor in state.items():
+            sums[n].add_(tensor, alpha=1.0 / clients)
+    return (time.perf_counter() - started) / clients
+
+
 def framework_sequential_round(args: argparse.Namespace, name: str, clients: int) -> float:
     """lightning_fed's sequential round of ``benchmarks/batched.py`` (median of rounds 2..R), seconds."""
     from benchmarks.batched import run
@@ -272,6 +287,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         timings[f"{layout}, G = {group}"].append(
                             time_stacked(name, layout, group, args.clients_timed, sizes, data)
                         )
+            aggregation = statistics.median(time_aggregation(name, args.clients_timed) for _ in range(args.repeats))
             medians = {way: statistics.median(values) for way, values in timings.items()}
             alone = medians["alone"]
             print(f"| {name} | ms per client step | vs alone |\n|---|---:|---:|")
@@ -280,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             best_way = min((w for w in medians if w != "alone"), key=medians.__getitem__)
             best = medians[best_way]
             print(f"\n{name}: arithmetic ceiling {alone / best:.2f}× ({best_way}: {1e3 * best:.3f} ms a client step)")
+            print(f"{name}: FedAvg's float64 sum, bare: {1e3 * aggregation:.3f} ms a client")
             if not args.framework:
                 continue
             for clients in args.clients:
@@ -291,7 +308,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     f"{name}, {clients} clients: lightning_fed sequential {sequential:.3f} s/round; ideal batched round"
                     f" {ideal:.3f} s ({steps} client steps at {1e3 * best:.3f} ms, nothing else): at most"
                     f" {sequential / ideal:.2f}×; {args.goal}× leaves {budget * 1e3:.1f} ms a round"
-                    f" ({max(budget, 0.0) / clients * 1e3:.3f} ms a client) for data, state, aggregation and logging"
+                    f" ({max(budget, 0.0) / clients * 1e3:.3f} ms a client) for data, state, aggregation and logging;"
+                    f" FedAvg's sum alone takes {1e3 * aggregation:.3f}"
                 )
             print()
     print(footnote([load.record]))

@@ -53,5 +53,5 @@ def test_a_tiny_run_prints_each_way_and_the_ceiling(capsys: pytest.CaptureFixtur
     main(["--models", "lenet5", "--groups", "2", "--clients-timed", "4", "--samples-per-client", "6"]
          + ["--batch-size", "4", "--repeats", "1", "--no-framework"])  # fmt: skip
     out = capsys.readouterr().out
-    for way in ("| alone |", "| grouped, G = 2 |", "| im2col, G = 2 |", "lenet5: arithmetic ceiling"):
+    for way in ("| alone |", "| grouped, G = 2 |", "| im2col, G = 2 |", "lenet5: arithmetic ceiling", "float64 sum"):
         assert way in out, out
