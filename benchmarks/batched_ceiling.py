@@ -309,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     f" {ideal:.3f} s ({steps} client steps at {1e3 * best:.3f} ms, nothing else): at most"
                     f" {sequential / ideal:.2f}×; {args.goal}× leaves {budget * 1e3:.1f} ms a round"
                     f" ({max(budget, 0.0) / clients * 1e3:.3f} ms a client) for data, state, aggregation and logging;"
-                    f" FedAvg's sum alone takes {1e3 * aggregation:.3f}"
+                    f" FedAvg's sum alone takes {1e3 * aggregation:.3f} ms a client"
                 )
             print()
     print(footnote([load.record]))

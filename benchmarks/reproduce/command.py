@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -52,6 +51,7 @@ from benchmarks.reproduce.records import (
     recorded_results,
     set_dir,
     set_name,
+    without_out_dir,
 )
 from benchmarks.reproduce.report import invocation_context, read_v1_verdicts, write_report
 from benchmarks.reproduce.runner import (
@@ -296,10 +296,12 @@ def _records_dir(args: argparse.Namespace) -> Path:
 
 
 def _copy_report(report_path: Path, records_dir: Path) -> None:
-    """The generated report and its ``reproduction.json`` beside the records they were built from."""
+    """The generated report and its ``reproduction.json`` beside the records they were built from, with the output
+    directory (the report's own) written as ``<out-dir>``: the copies are committed, and name no machine's paths."""
     records_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(report_path, records_dir / "report.md")
-    shutil.copyfile(report_path.with_name("reproduction.json"), records_dir / "reproduction.json")
+    out_dir = report_path.parent
+    for source, name in ((report_path, "report.md"), (report_path.with_name("reproduction.json"), "reproduction.json")):
+        (records_dir / name).write_text(without_out_dir(source.read_text(), out_dir))
 
 
 def _extract(args: argparse.Namespace, experiments: Sequence[Experiment], out_dir: Path, records: Path) -> int:

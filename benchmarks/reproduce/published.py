@@ -251,6 +251,8 @@ class PublishedTable:
         record_set: The record set it rests on (``records/<record_set>/``).
         protocol: Whose claims its verdicts are.
         cells: Row key (its first cell) -> column index (0 = the first cell) -> token specs, in order.
+        claims: The claims its ``verdict``, ``seeds`` and ``ours`` specs name, where they are not the protocol's own
+            (an exploratory set's, labelled).
     """
 
     name: str
@@ -259,6 +261,11 @@ class PublishedTable:
     record_set: str
     protocol: str
     cells: Mapping[str, Mapping[int, Sequence[str]]]
+    claims: tuple[Claim, ...] = ()
+
+    def record_set_of(self, results: Sequence[RunResult]) -> RecordSet:
+        """The runs of ``results`` as this table's values read them."""
+        return RecordSet(results, self.protocol, self.claims)
 
 
 def read_table(text: str, heading: str) -> dict[str, list[str]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from benchmarks.reproduce.exploratory import EXPLORATORY
 from benchmarks.reproduce.published import PublishedTable
 
 _P = ".1f"
@@ -430,6 +431,21 @@ def _docs_v1_full() -> dict[str, dict[int, Sequence[str]]]:
     return rows
 
 
+def _exploratory_claim5_rows() -> dict[str, dict[int, list[str]]]:
+    """REPRODUCTION.md's exploratory table: claim 5 at E = 50, one row per λ (not a verdict)."""
+    fedavg = "fedavg_fedcurv_e50"
+    rows = {}
+    for row, run in (("λ = 1", "fedcurv_e50_lam1"), ("λ = 1e-3", "fedcurv_e50_lam1e-3")):
+        key = f"exploratory_{run}"
+        rows[row] = {
+            1: _speed(run, fedavg, mid=True),
+            2: _speed(run, fedavg),
+            3: _verdict(key),
+            4: _seeds(key),
+        }
+    return rows
+
+
 TABLES: tuple[PublishedTable, ...] = (
     PublishedTable(
         "REPRODUCTION.md, v2 small",
@@ -463,6 +479,16 @@ TABLES: tuple[PublishedTable, ...] = (
     PublishedTable(
         "docs, v1 full", _DOCS, "## Latest full-profile results (protocol v1)", "v1-full", "v1", _docs_v1_full()
     ),
+    PublishedTable(
+        "REPRODUCTION.md, exploratory claim 5 at E = 50",
+        "REPRODUCTION.md",
+        "### Exploratory results: claim 5 at E = 50",
+        "v2-exploratory-claim5-e50",
+        "v2",
+        _exploratory_claim5_rows(),
+        EXPLORATORY["claim5-e50"].claims,
+    ),
 )
+
 
 __all__ = ["TABLES"]

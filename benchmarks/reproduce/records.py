@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ FORMAT = 1
 _SUFFIX = ".json.gz"
 #: Summary keys a record leaves out: machine paths, and ``final``, which is the history's last entry.
 _DROPPED = ("run_dir", "run_id", "final", "history")
+#: What a record and a copied report write for the runs' output directory.
+OUT_DIR = "<out-dir>"
 _ERROR_CHARS = 2000
 
 
@@ -99,18 +102,32 @@ def expand_summary(compact: Mapping[str, Any]) -> dict[str, Any]:
     return summary
 
 
+def without_out_dir(text: str, out_dir: Path | str) -> str:
+    """``text`` with the output directory ``out_dir`` (a path of the machine that ran the runs) written as
+    :data:`OUT_DIR`, so that what is committed names no machine's paths."""
+    return re.sub(re.escape(str(out_dir)) + r"(?![\w.-])", OUT_DIR, text)
+
+
 def make_record(result: RunResult, summary: Mapping[str, Any] | None, commit: Mapping[str, Any]) -> dict[str, Any]:
-    """The record of one run: its status, where it came from, and (when it wrote one) its summary."""
+    """The record of one run: its status, where it came from, and (when it wrote one) its summary. The output
+    directory the run's directory lies in (``<out>`` of ``<out>/runs/<run>``) is written as :data:`OUT_DIR` in its
+    command and error."""
+    out_dir = Path(result.run_dir).parent.parent if result.run_dir else None
+
+    def scrubbed(text: str | None) -> str | None:
+        return text if text is None or out_dir is None else without_out_dir(text, out_dir)
+
+    error = None if result.error is None else result.error[-_ERROR_CHARS:]
     return {
         "format": FORMAT,
         "run": result.name,
         "experiment": result.experiment,
         "seed": result.seed,
         "status": result.status,
-        "error": None if result.error is None else result.error[-_ERROR_CHARS:],
+        "error": scrubbed(error),
         "wall_s": result.wall_s,
         "load": result.load,
-        "command": result.command,
+        "command": scrubbed(result.command),
         "run_fingerprint": result.fingerprint,
         "commit": dict(commit),
         "summary": None if summary is None else compact_summary(summary),
@@ -240,6 +257,7 @@ def extract_records(
 
 __all__ = [
     "FORMAT",
+    "OUT_DIR",
     "RECORDS_DIR",
     "RUN_SETS",
     "RecordedResult",
@@ -257,5 +275,6 @@ __all__ = [
     "result_of",
     "set_dir",
     "set_name",
+    "without_out_dir",
     "write_record",
 ]

@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks.reproduce import command
 from benchmarks.reproduce.experiments import experiments_for
+from benchmarks.reproduce.exploratory import EXPLORATORY
 from benchmarks.reproduce.published import (
     RecordSet,
     Values,
@@ -25,6 +26,7 @@ from benchmarks.reproduce.published import (
 )
 from benchmarks.reproduce.published_tables import TABLES
 from benchmarks.reproduce.records import (
+    OUT_DIR,
     RUN_SETS,
     compact_summary,
     declared_commit,
@@ -33,9 +35,10 @@ from benchmarks.reproduce.records import (
     make_record,
     read_records,
     recorded_results,
+    without_out_dir,
     write_record,
 )
-from benchmarks.reproduce.runner import OK, RunResult
+from benchmarks.reproduce.runner import FAILED, OK, RunResult
 
 ROOT = Path(__file__).parents[2]
 COMMITTED = ROOT / "benchmarks" / "reproduce" / "records"
@@ -48,6 +51,7 @@ MAKE = {
     "v2-full": "lightning-fed reproduce --protocol v2 --profile full --extract-records --out-dir <v2 full runs>",
     "v2-small-tune": "lightning-fed reproduce --protocol v2 --profile small --tune --extract-records --out-dir "
     "<v2 search runs>",
+    "v2-exploratory-claim5-e50": "lightning-fed reproduce --protocol v2 --exploratory claim5-e50",
 }
 
 
@@ -71,7 +75,7 @@ def test_every_published_number_equals_the_records(table, row):
     found = recorded_results(COMMITTED / table.record_set)
     if not found:
         pytest.skip(f"{table.name}: {_missing(table.record_set)}")
-    records = RecordSet(list(found.values()), table.protocol)
+    records = table.record_set_of(list(found.values()))
     # A record set is rerun over several sessions: a row is checked once every run it reads is recorded.
     specs = [spec for column in table.cells[row].values() for spec in column]
     unrecorded = sorted(runs_read(specs, records) - set(records.seeded))
@@ -132,8 +136,16 @@ def _summary(name: str, seed: int, rounds: int = 30) -> dict:
     }
 
 
-def _write_synthetic(set_dir: Path, protocol: str, profile: str) -> None:
-    for run in experiments_for(profile, protocol=protocol):
+def _experiments_of(record_set: str) -> list:
+    """The runs (unseeded) of a record set: a profile's, or an exploratory set's."""
+    if record_set.startswith("v2-exploratory-"):
+        return list(EXPLORATORY[record_set.removeprefix("v2-exploratory-")].experiments)
+    protocol, profile = record_set.split("-")[:2]
+    return experiments_for(profile, protocol=protocol)
+
+
+def _write_synthetic(set_dir: Path, record_set: str) -> None:
+    for run in _experiments_of(record_set):
         for seed in (0, 1, 2):
             name = f"{run.name}.seed{seed}"
             result = RunResult(name, OK, "", 60.0, f"lightning-fed fit {name}", None, run.name, seed, None, "fp")
@@ -144,7 +156,7 @@ def _write_synthetic(set_dir: Path, protocol: str, profile: str) -> None:
 def synthetic(tmp_path):
     """The v2 small profile's runs, three seeds each, as records."""
     set_dir = tmp_path / "v2-small"
-    _write_synthetic(set_dir, "v2", "small")
+    _write_synthetic(set_dir, "v2-small")
     return Values(RecordSet(list(recorded_results(set_dir).values()), "v2"))
 
 
@@ -201,11 +213,23 @@ def test_the_shape_check_catches_a_literal_the_text_does_not_have():
 
 def test_a_record_keeps_the_summary_a_report_reads_and_no_machine_path():
     summary = _summary("pathological_fedamp", 0)
-    record = make_record(RunResult("r", OK, "/x/r", 1.0, "cmd"), summary, {"id": "abc", "dirty": False})
+    command = "lightning-fed fit --trainer.run_dir /machine/out/runs/r --trainer.default_root_dir /machine/out/runs/r"
+    error = "failed: /machine/out/runs/r/run.log"
+    result = RunResult("r", FAILED, "/machine/out/runs/r", 1.0, command, error)
+    record = make_record(result, summary, {"id": "abc", "dirty": False})
     back = expand_summary(json.loads(json.dumps(record))["summary"])
     assert back["history"] == summary["history"]  # the rounds without xi stay without it
     assert back["final"] == summary["final"]
     assert "run_dir" not in compact_summary(summary) and "/somewhere" not in json.dumps(record)
+    # The output directory the runs lay in is a path of the machine that ran them: written as <out-dir>.
+    assert "/machine" not in json.dumps(record)
+    assert record["command"] == command.replace("/machine/out", OUT_DIR)
+    assert record["error"].endswith("<out-dir>/runs/r/run.log")
+
+
+def test_the_output_directory_is_replaced_only_where_it_is_the_whole_path():
+    assert without_out_dir("--out-dir /m/out and /m/out/runs/a", "/m/out") == "--out-dir <out-dir> and <out-dir>/runs/a"
+    assert without_out_dir("/m/out2/runs/a /m/out.d", "/m/out") == "/m/out2/runs/a /m/out.d"
 
 
 def test_a_record_file_is_the_same_bytes_for_the_same_run(tmp_path):
@@ -223,6 +247,11 @@ def test_the_runner_writes_records_and_the_report_rebuilds_from_them_alone(fake_
     assert set(written) == {f"{name}.seed0" for name in fake_fit_names(fake_fit)}
     assert all(record["commit"]["source"] == "git" and record["commit"]["id"] for record in written.values())
     assert (set_dir / "report.md").is_file() and (set_dir / "reproduction.json").is_file()
+    # The copies beside the records are committed: the output directory (a machine's path) is written as <out-dir>.
+    assert str(out) in (out / "REPRODUCTION.md").read_text()
+    for name in ("report.md", "reproduction.json"):
+        assert str(out) not in (set_dir / name).read_text() and OUT_DIR in (set_dir / name).read_text()
+    assert all(str(out) not in record["command"] for record in written.values())
     first = json.loads((out / "reproduction.json").read_text())
 
     shutil.rmtree(out)  # no runs/ left: the records alone
@@ -313,9 +342,8 @@ def test_the_cut_runs_are_the_seven_runs_cut_1_keeps_and_cut_4_drops(tmp_path, c
 
 @pytest.mark.parametrize("table", TABLES, ids=[table.name for table in TABLES])
 def test_every_table_renders_from_records_of_its_run_set_and_reads_back_equal(table, tmp_path):
-    protocol, profile = table.record_set.split("-")[:2]
-    _write_synthetic(tmp_path, protocol, profile)
-    values = Values(RecordSet(list(recorded_results(tmp_path).values()), protocol))
+    _write_synthetic(tmp_path, table.record_set)
+    values = Values(table.record_set_of(list(recorded_results(tmp_path).values())))
     assert compare(table, _rendered(table, values), values) == []
 
 

@@ -133,8 +133,8 @@ def auto_group_size(module: LightningModule, device: torch.device, federated: Se
     convolutions run as its own (:mod:`~lightning_fed.engine.batched.convolution`): the convolutions dominate the
     step and gain nothing from the group. Even bare, with no framework, stacked clients' LeNet-5 steps are slower
     than the clients' own on a CPU in both layouts that could batch them (``benchmarks/batched_ceiling.py``,
-    2026-11-28, quiet: the clients folded into the channels with a block-diagonal weight 0.91× at best, im2col with
-    a batched product 0.58× at best)."""
+    2026-11-28, quiet: the clients folded into the channels with a block-diagonal weight 0.89× at best, im2col with
+    a batched product 0.52× at best)."""
     state = module.state_dict()
     names = list(state) if federated is None else federated
     per_client = sum(state[n].numel() * state[n].element_size() for n in names) or 1
