@@ -61,15 +61,19 @@ from lightning_fed.datamodules.tensor_dataset import TensorClassificationDataset
 from lightning_fed.models import MLP, ClassifierModule, FedAvgCNN, LeNet5
 
 
-def make_module(model: str, seed: int) -> ClassifierModule:
-    L.seed_everything(seed, verbose=False)
+def make_backbone(model: str) -> torch.nn.Module:
+    """The network of ``--models``: the 2NN, FedAvg's CNN or LeNet-5, for 1×28×28 images and 10 classes."""
     backbones = {
         "2nn": lambda: MLP(784, 200, 10, num_hidden_layers=2),
         "cnn": lambda: FedAvgCNN(1, 10, 28),
         "lenet5": lambda: LeNet5(in_channels=1, num_classes=10),
     }
-    backbone = backbones[model]()
-    return ClassifierModule(backbone, num_classes=10, lr=0.05)
+    return backbones[model]()
+
+
+def make_module(model: str, seed: int) -> ClassifierModule:
+    L.seed_everything(seed, verbose=False)
+    return ClassifierModule(make_backbone(model), num_classes=10, lr=0.05)
 
 
 def make_datamodule(clients: int, per_client: int, batch_size: int, seed: int) -> DatasetFederated:

@@ -52,22 +52,12 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.batched import make_backbone, run
 from benchmarks.load import LoadRecorder, add_wait_quiet_argument, footnote
 
 LR = 0.05
 #: The layouts timed per model: linear layers are always batched matrix products; convolutions as named.
 LAYOUTS = {"2nn": ["bmm"], "lenet5": ["grouped", "im2col"], "cnn": ["grouped", "im2col"]}
-
-
-def make_model(name: str) -> nn.Module:
-    """The backbones of ``benchmarks/batched.py``, without the LightningModule around them."""
-    from lightning_fed.models import MLP, FedAvgCNN, LeNet5
-
-    if name == "2nn":
-        return MLP(784, 200, 10, num_hidden_layers=2)
-    if name == "cnn":
-        return FedAvgCNN(1, 10, 28)
-    return LeNet5(in_channels=1, num_classes=10)
 
 
 def layers_of(model: nn.Module) -> list[nn.Module]:
@@ -179,7 +169,7 @@ def alone_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y:
 def check_layout(name: str, layout: str, data: tuple[Tensor, Tensor]) -> None:
     """The stacked layout's per-client losses and gradients equal the clients' own (G = 2), or this raises."""
     torch.manual_seed(1)
-    models = [make_model(name) for _ in range(2)]
+    models = [make_backbone(name) for _ in range(2)]
     stacked = Stacked(models, layout)
     x, y = data[0][:2, :8], data[1][:2, :8]
     losses = stacked.losses(x, y)
@@ -195,7 +185,7 @@ def check_layout(name: str, layout: str, data: tuple[Tensor, Tensor]) -> None:
 def time_alone(name: str, clients: int, sizes: list[int], data: tuple[Tensor, Tensor]) -> float:
     """Seconds per client step, ``clients`` clients one after another, each for the steps of ``sizes``."""
     torch.manual_seed(0)
-    models = [make_model(name) for _ in range(clients)]
+    models = [make_backbone(name) for _ in range(clients)]
     optimizers = [torch.optim.SGD(m.parameters(), lr=LR) for m in models]
     started = time.perf_counter()
     for model, optimizer, x, y in zip(models, optimizers, data[0], data[1]):
@@ -212,7 +202,7 @@ def time_stacked(
     """Seconds per client step, ``clients`` clients in stacked groups of ``group`` (the last group smaller)."""
     torch.manual_seed(0)
     groups = [list(range(s, min(s + group, clients))) for s in range(0, clients, group)]
-    stacks = [Stacked([make_model(name) for _ in members], layout) for members in groups]
+    stacks = [Stacked([make_backbone(name) for _ in members], layout) for members in groups]
     started = time.perf_counter()
     for members, stacked in zip(groups, stacks):
         x, y = data[0][members[0] : members[-1] + 1], data[1][members[0] : members[-1] + 1]
@@ -228,7 +218,7 @@ def time_aggregation(name: str, clients: int) -> float:
     folds an update (float32 entries added into float64 sums with the client's weight): work that a batched round
     does for every client as the sequential one does."""
     torch.manual_seed(0)
-    states = [{n: p.detach() for n, p in make_model(name).named_parameters()} for _ in range(clients)]
+    states = [{n: p.detach() for n, p in make_backbone(name).named_parameters()} for _ in range(clients)]
     sums = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in states[0].items()}
     started = time.perf_counter()
     for state in states:
@@ -239,8 +229,6 @@ def time_aggregation(name: str, clients: int) -> float:
 
 def framework_sequential_round(args: argparse.Namespace, name: str, clients: int) -> float:
     """lightning_fed's sequential round of ``benchmarks/batched.py`` (median of rounds 2..R), seconds."""
-    from benchmarks.batched import run
-
     settings = argparse.Namespace(
         seed=0, samples_per_client=args.samples_per_client, batch_size=args.batch_size, rounds=args.rounds,
         device="cpu", processes=1, precision="32-true", threads=1, wait_quiet=0,

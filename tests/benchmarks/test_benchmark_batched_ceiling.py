@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from benchmarks.batched import make_backbone
 from benchmarks.batched_ceiling import (
     LAYOUTS,
     Stacked,
@@ -10,7 +11,6 @@ from benchmarks.batched_ceiling import (
     check_layout,
     layers_of,
     main,
-    make_model,
     step_sizes,
     training_examples,
 )
@@ -28,7 +28,7 @@ def test_clients_train_on_what_the_framework_benchmark_trains_them_on() -> None:
 @pytest.mark.parametrize(("name", "layout"), [(n, layout) for n, layouts in LAYOUTS.items() for layout in layouts])
 def test_a_stacked_step_is_every_clients_own_sgd_step(name: str, layout: str) -> None:
     torch.manual_seed(0)
-    models = [make_model(name) for _ in range(3)]
+    models = [make_backbone(name) for _ in range(3)]
     stacked = Stacked(models, layout)
     x, y = torch.randn(3, 5, 1, 28, 28), torch.randint(0, 10, (3, 5))
     stacked.step(x, y)

@@ -64,6 +64,16 @@ def write_config(directory: Path, algorithm: str = "fedavg") -> Path:
     return path
 
 
+def use_client_app(app: Path, component: str) -> None:
+    """Points the written Flower app's ClientApp at ``component`` (``"module:attribute"``, importable by the
+    SuperNodes' ClientApp processes); its ServerApp stays lightning_fed's."""
+    pyproject = app / "pyproject.toml"
+    ours = 'clientapp = "lightning_fed.deploy.flower:client_app"'
+    text = pyproject.read_text()
+    assert ours in text, "the app's pyproject.toml names lightning_fed's ClientApp differently"
+    pyproject.write_text(text.replace(ours, f'clientapp = "{component}"'))
+
+
 def fitted_model(config: Path, directory: Path) -> dict[str, torch.Tensor]:
     """The model ``lightning-fed fit --config config`` trains, run from ``directory`` (its run directory goes there)."""
     from lightning_fed.deploy.config import build_from_config

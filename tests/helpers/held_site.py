@@ -16,6 +16,7 @@ from pathlib import Path
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from helpers.flower_configs import use_client_app
 from lightning_fed.deploy.flower import apps
 from lightning_fed.deploy.flower.settings import CLIENT_ID_KEY, RECORD, state_dir_of
 
@@ -55,11 +56,7 @@ def train(message: Message, context: Context) -> Message:
 
 def write_held_app(app: Path) -> None:
     """Points the app's ClientApp component at this module (the ServerApp stays lightning_fed's)."""
-    pyproject = app / "pyproject.toml"
-    text = pyproject.read_text()
-    component = 'clientapp = "lightning_fed.deploy.flower:client_app"'
-    assert component in text, "the app's pyproject.toml names lightning_fed's ClientApp differently"
-    pyproject.write_text(text.replace(component, 'clientapp = "helpers.held_site:client_app"'))
+    use_client_app(app, "helpers.held_site:client_app")
 
 
 __all__ = ["HOLD_SECONDS", "client_app", "held_marker", "write_held_app"]

@@ -23,6 +23,7 @@ from typing import Any
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from helpers.flower_configs import use_client_app
 from lightning_fed.deploy.flower import apps
 from lightning_fed.deploy.flower.settings import (
     CLIENT_ID_KEY,
@@ -98,12 +99,7 @@ def _tampered(what: str, reply_bytes: bytes, task: dict[str, Any]) -> bytes:
 
 def write_hostile_app(app: Path) -> None:
     """Points the app's ClientApp component at this module (the ServerApp stays lightning_fed's)."""
-    pyproject = app / "pyproject.toml"
-    pyproject.write_text(
-        pyproject.read_text().replace(
-            'clientapp = "lightning_fed.deploy.flower:client_app"', 'clientapp = "helpers.hostile_site:client_app"'
-        )
-    )
+    use_client_app(app, "helpers.hostile_site:client_app")
 
 
 __all__ = ["client_app", "write_hostile_app"]
