@@ -38,6 +38,8 @@ from typing import Any
 
 from benchmarks.reproduce import measures
 from benchmarks.reproduce.claims import CLAIM_SETS, GLOBAL_ACC, NO_VERDICT, Claim
+from benchmarks.reproduce.experiments import experiments_for
+from benchmarks.reproduce.exploratory import EXPLORATORY
 from benchmarks.reproduce.measures import Summary
 from benchmarks.reproduce.rules import NOT
 from benchmarks.reproduce.runner import RunResult
@@ -77,6 +79,8 @@ class RecordSet:
     results: Sequence[RunResult]
     protocol: str
     claims: tuple[Claim, ...] = ()
+    #: The runs the set was made of (its profile's), where known: a claim's runs outside them are not read.
+    planned: frozenset[str] | None = None
     seeded: dict[str, dict[int, Summary]] = field(init=False)
     means: dict[str, Summary] = field(init=False)
 
@@ -216,7 +220,7 @@ class Values:
 
 def runs_read(specs: Sequence[str], records: RecordSet) -> set[str]:
     """The runs (experiment names) that ``specs`` read: the names in their keys, and for ``verdict``, ``seeds`` and
-    ``ours`` every run of the claim."""
+    ``ours`` every run of the claim that the set was planned with (a claim lists its runs of every profile)."""
     needed: set[str] = set()
     for spec in specs:
         if spec.startswith("="):
@@ -225,19 +229,32 @@ def runs_read(specs: Sequence[str], records: RecordSet) -> set[str]:
         if match is None:
             raise ValueError(f"bad token spec {spec!r}: write name[key] or name[key]:format or =literal")
         key = match["key"].partition("@")[0]
-        needed |= set(records.claim(key).runs) if match["name"] in _CLAIM_VALUES else set(key.split(">"))
+        if match["name"] in _CLAIM_VALUES:
+            claim_runs = set(records.claim(key).runs)
+            needed |= claim_runs if records.planned is None else claim_runs & records.planned
+        else:
+            needed |= set(key.split(">"))
     return needed
+
+
+def formatted(spec: str, values: Values) -> str:
+    """One spec's text as the table writes it: a literal's own, or the expression's value in the spec's format."""
+    if spec.startswith("="):
+        return spec[1:]
+    match = _SPEC.match(spec)
+    if match is None:
+        raise ValueError(f"bad token spec {spec!r}: write name[key] or name[key]:format or =literal")
+    return format(values.value(match["name"], match["key"]), match["format"] or "")
 
 
 def evaluate(spec: str, values: Values) -> list[str]:
     """The tokens of one spec: a literal's own, or the expression's value formatted as the table writes it."""
-    if spec.startswith("="):
-        return tokens(spec[1:])
-    match = _SPEC.match(spec)
-    if match is None:
-        raise ValueError(f"bad token spec {spec!r}: write name[key] or name[key]:format or =literal")
-    value = values.value(match["name"], match["key"])
-    return tokens(format(value, match["format"] or ""))
+    return tokens(formatted(spec, values))
+
+
+def is_variable(spec: str) -> bool:
+    """Whether ``spec`` gives a number of tokens that depends on the records (``seeds``, ``ours``)."""
+    return spec.split("[")[0] in _VARIABLE
 
 
 @dataclass(frozen=True)
@@ -265,30 +282,51 @@ class PublishedTable:
 
     def record_set_of(self, results: Sequence[RunResult]) -> RecordSet:
         """The runs of ``results`` as this table's values read them."""
-        return RecordSet(results, self.protocol, self.claims)
+        return RecordSet(results, self.protocol, self.claims, planned_runs(self.record_set))
 
 
-def read_table(text: str, heading: str) -> dict[str, list[str]]:
-    """Row key -> cells of the first table at or after the first line that starts with ``heading`` (a heading, or
-    the table's own header row)."""
+def table_lines(text: str, heading: str) -> dict[str, int]:
+    """Row key -> line index (in ``text.splitlines()``) of the first table at or after the first line that starts
+    with ``heading`` (a heading, or the table's own header row)."""
     lines = text.splitlines()
     start = next((index for index, line in enumerate(lines) if line.startswith(heading)), None)
     if start is None:
         raise KeyError(f"heading {heading!r} not found")
-    rows: dict[str, list[str]] = {}
+    rows: dict[str, int] = {}
     seen = False
-    for line in lines[start:]:
+    for index in range(start, len(lines)):
+        line = lines[index]
         if line.startswith("|"):
             seen = True
-            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-            if set(cells[0]) <= set("-: ") or cells[0] == "#":
+            key = split_row(line)[0]
+            if set(key) <= set("-: ") or key == "#":
                 continue
-            rows[cells[0]] = cells
+            rows[key] = index
         elif seen:
             break
     if not rows:
         raise KeyError(f"no table after heading {heading!r}")
     return rows
+
+
+def split_row(line: str) -> list[str]:
+    """The cells of a table row, stripped."""
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def planned_runs(record_set: str) -> frozenset[str]:
+    """The runs (experiment names) record set ``record_set`` is made of: its profile's (``v2-full``), or an
+    exploratory set's (``v2-exploratory-<name>``); a search's (``-tune``) are not listed here."""
+    if record_set.startswith("v2-exploratory-"):
+        return frozenset(run.name for run in EXPLORATORY[record_set.removeprefix("v2-exploratory-")].experiments)
+    protocol, profile = record_set.split("-")[:2]
+    return frozenset(run.name for run in experiments_for(profile, protocol=protocol))
+
+
+def read_table(text: str, heading: str) -> dict[str, list[str]]:
+    """Row key -> cells of the first table at or after the first line that starts with ``heading``."""
+    lines = text.splitlines()
+    return {row: split_row(lines[index]) for row, index in table_lines(text, heading).items()}
 
 
 @dataclass(frozen=True)
@@ -338,7 +376,7 @@ def shape_differences(table: PublishedTable, text: str) -> list[str]:
             continue
         for column, specs in columns.items():
             published = tokens(rows[row][column]) if column < len(rows[row]) else []
-            variable = [index for index, spec in enumerate(specs) if spec.split("[")[0] in _VARIABLE]
+            variable = [index for index, spec in enumerate(specs) if is_variable(spec)]
             if variable:  # a spec of several tokens: only the literals before it have a fixed place
                 specs = specs[: variable[0]]
                 published = published[: len(specs)]
@@ -393,17 +431,23 @@ def render_row(table: PublishedTable, row: str, values: Values, width: int) -> s
 
 __all__ = [
     "NEVER",
+    "TOKEN",
     "Difference",
     "PublishedTable",
     "RecordSet",
     "Values",
     "compare",
     "evaluate",
+    "formatted",
+    "is_variable",
+    "planned_runs",
     "read_table",
     "rebuilt_tuning_report",
     "report_differences",
     "render_row",
     "runs_read",
     "shape_differences",
+    "split_row",
+    "table_lines",
     "tokens",
 ]

@@ -22,6 +22,7 @@ from benchmarks.reproduce.published import (
     report_differences,
     runs_read,
     shape_differences,
+    table_lines,
     tokens,
 )
 from benchmarks.reproduce.published_tables import TABLES
@@ -38,6 +39,8 @@ from benchmarks.reproduce.records import (
     without_out_dir,
     write_record,
 )
+from benchmarks.reproduce.rewrite import main as rewrite_main
+from benchmarks.reproduce.rewrite import rewrite_table
 from benchmarks.reproduce.runner import FAILED, OK, RunResult
 
 ROOT = Path(__file__).parents[2]
@@ -355,3 +358,93 @@ def test_the_search_report_replays_from_a_records_folder(tmp_path):
         line for line in published.splitlines() if line.startswith("## ")
     ][:4]
     assert report_differences(published, rebuilt, "TUNING.md")
+
+
+# Rewriting a set's tables from its records (benchmarks/reproduce/rewrite.py).
+
+
+def _values_of(record_set: str, directory: Path, table=None) -> Values:
+    _write_synthetic(directory, record_set)
+    results = list(recorded_results(directory).values())
+    return Values(table.record_set_of(results) if table else RecordSet(results, record_set.split("-")[0]))
+
+
+@pytest.mark.parametrize("name", ["REPRODUCTION.md, v2 full", "docs, v2 full", "REPRODUCTION.md, v1 small"])
+def test_the_published_file_rewritten_from_records_equals_them_and_keeps_everything_else(name, tmp_path):
+    table = next(table for table in TABLES if table.name == name)
+    values = _values_of(table.record_set, tmp_path, table)
+    published = (ROOT / table.path).read_text()
+    rewritten, changes, unrecorded = rewrite_table(table, published, values)
+    assert unrecorded == [] and changes
+    assert compare(table, rewritten, values) == []
+    # Only the table's checked rows change; every other line, and each row's words and pipes, stay.
+    rows = set(table_lines(published, table.heading).values())
+    before, after = published.splitlines(), rewritten.splitlines()
+    assert len(before) == len(after)
+    assert [line for i, line in enumerate(before) if i not in rows] == [
+        line for i, line in enumerate(after) if i not in rows
+    ]
+    assert all(after[i].count("|") == before[i].count("|") for i in rows)
+    # Rewriting again from the same records changes nothing.
+    assert rewrite_table(table, rewritten, values)[1] == []
+
+
+def test_a_rewrite_restores_an_edited_number_and_names_it(synthetic):
+    table = next(table for table in TABLES if table.name == "REPRODUCTION.md, v2 small")
+    text = _rendered(table, synthetic)
+    row = next(line for line in text.splitlines() if line.startswith("| 7 |"))
+    number = tokens(row.split("|")[4])[2]
+    edited = text.replace(row, row.replace(f" {number} ", f" {float(number) + 0.1:.1f} ", 1))
+    rewritten, changes, _ = rewrite_table(table, edited, synthetic)
+    assert rewritten == text
+    assert [(change.row, change.column) for change in changes] == [("7", 3)]
+    assert f"{float(number) + 0.1:.1f} → {number}" in str(changes[0])
+
+
+def test_verdicts_per_seed_that_change_shape_are_rewritten_whole(tmp_path):
+    table = next(table for table in TABLES if table.name == "docs, v2 full")
+    values = _values_of("v2-full", tmp_path, table)
+    text = _rendered(table, values)
+    row = next(line for line in text.splitlines() if line.startswith("| 7 |"))
+    cells = row.split("|")
+    seeds = format(values.value("seeds", "fedgg_rounds"))
+    speedups = cells[5].split()[len(tokens(seeds)) :]  # the speed-ups of seeds 2 and 0, after the verdicts
+    written = text.replace(row, "|".join([*cells[:5], f" {seeds} ({'–'.join(speedups)}×) ", *cells[6:]]))
+    other = "not, partly, not" if seeds == "reproduced ×3" else "reproduced ×3"
+    edited = written.replace(f" {seeds} (", f" {other} (", 1)
+    assert edited != written
+    rewritten, changes, _ = rewrite_table(table, edited, values)
+    assert rewritten == written and [(change.row, change.column) for change in changes] == [("7", 4)]
+
+
+def test_rows_whose_runs_are_not_all_recorded_are_left_alone(tmp_path):
+    table = next(table for table in TABLES if table.name == "REPRODUCTION.md, v2 full")
+    _write_synthetic(tmp_path / "all", "v2-full")
+    for path in (tmp_path / "all").iterdir():
+        if not path.name.startswith("practical_"):
+            (tmp_path / "some").mkdir(exist_ok=True)
+            shutil.copy(path, tmp_path / "some" / path.name)
+    values = Values(table.record_set_of(list(recorded_results(tmp_path / "some").values())))
+    published = (ROOT / table.path).read_text()
+    rewritten, changes, unrecorded = rewrite_table(table, published, values)
+    assert "4" in unrecorded and "3" not in unrecorded
+    lines = table_lines(published, table.heading)
+    assert rewritten.splitlines()[lines["4"]] == published.splitlines()[lines["4"]]
+    assert {change.row for change in changes} <= set(table.cells) - set(unrecorded)
+
+
+def test_the_rewrite_command_writes_the_files_and_prints_the_errata(tmp_path, capsys):
+    table = next(table for table in TABLES if table.name == "REPRODUCTION.md, v2 full")
+    _write_synthetic(tmp_path / "records", "v2-full")
+    for path in {t.path for t in TABLES if t.record_set == "v2-full"}:
+        (tmp_path / "root" / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, tmp_path / "root" / path)
+    args = ["v2-full", "--records-dir", str(tmp_path / "records"), "--root", str(tmp_path / "root")]
+    assert rewrite_main([*args, "--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert (tmp_path / "root" / table.path).read_text() == (ROOT / table.path).read_text()
+    assert rewrite_main(args) == 0
+    assert capsys.readouterr().out.replace("rewritten", "would change") == dry
+    assert dry.count("\n- REPRODUCTION.md, v2 full, row ") >= 1 and " → " in dry
+    values = _values_of("v2-full", tmp_path / "records", table)
+    assert compare(table, (tmp_path / "root" / table.path).read_text(), values) == []

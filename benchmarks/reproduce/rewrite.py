@@ -1,0 +1,175 @@
+"""The published tables of a run set, rewritten from its records: every checked cell gets the records' numbers and
+verdict words, and every change is listed for the errata.
+
+A run set rerun at its own tree gives the same verdicts but not always the same digits: reruns are deterministic on
+one machine, but another CPU's kernels round differently and a hundred rounds amplify that (REPRODUCTION.md,
+errata). Once a set's records are complete, its tables are rewritten from them here rather than by hand, and the
+test (``tests/reproduce/test_published_tables.py``) then holds the text to the records.
+
+Only the cells :mod:`~benchmarks.reproduce.published_tables` checks are rewritten, token by token: the wording
+around the numbers stays. A cell whose verdicts per seed change shape (``reproduced ×3`` to ``reproduced, partly,
+reproduced``) gets the spec's text in place of the old span. Numbers quoted in prose are not in any table: the
+printed changes are what to look for there.
+
+Usage, from the repository root::
+
+    python -m benchmarks.reproduce.rewrite v2-full [--records-dir DIR] [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.reproduce.published import (
+    TOKEN,
+    PublishedTable,
+    Values,
+    evaluate,
+    formatted,
+    is_variable,
+    runs_read,
+    table_lines,
+)
+from benchmarks.reproduce.published_tables import TABLES
+from benchmarks.reproduce.records import recorded_results, set_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One rewritten cell: its tokens as published and as the records give them."""
+
+    table: str
+    row: str
+    column: int
+    published: tuple[str, ...]
+    rebuilt: tuple[str, ...]
+
+    def __str__(self) -> str:
+        if len(self.published) == len(self.rebuilt):
+            pairs = [f"{old} → {new}" for old, new in zip(self.published, self.rebuilt, strict=True) if old != new]
+        else:
+            pairs = [f"{' '.join(self.published)} → {' '.join(self.rebuilt)}"]
+        return f"{self.table}, row {self.row}, column {self.column}: {'; '.join(pairs)}"
+
+
+def rewritten_cell(cell: str, specs: Sequence[str], values: Values) -> str:
+    """``cell`` with each of its tokens replaced by the one its spec computes from ``values``.
+
+    Raises:
+        ValueError: The cell's tokens cannot be matched to its specs (the shape check names why), or a cell with
+            more than one spec of variable length changed its count of tokens.
+    """
+    found = list(TOKEN.finditer(cell.replace("\u2212", "-")))
+    groups = [evaluate(spec, values) for spec in specs]
+    variable = [index for index, spec in enumerate(specs) if is_variable(spec)]
+    if len(variable) > 1 and len(found) != sum(map(len, groups)):
+        raise ValueError(f"{len(variable)} specs of variable length changed their tokens: edit {cell!r} by hand")
+    if not variable and len(found) != sum(map(len, groups)):
+        raise ValueError(f"{len(found)} tokens in {cell!r}, {sum(map(len, groups))} from the specs {list(specs)}")
+    # Each spec's share of the published tokens: a variable spec takes what the others leave.
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for index, group in enumerate(groups):
+        if index in variable[:1]:
+            length = len(found) - sum(len(other) for other in groups[index + 1 :]) - start
+        else:
+            length = len(group)
+        spans.append((start, start + length))
+        start += length
+    edits: list[tuple[int, int, str]] = []
+    for spec, group, (first, last) in zip(specs, groups, spans, strict=True):
+        old = [match.group() for match in found[first:last]]
+        if old == group:
+            continue
+        if is_variable(spec) or len(old) != len(group):
+            begin = found[first].start() if old else (found[first - 1].end() if first else 0)
+            end = found[last - 1].end() if old else begin
+            edits.append((begin, end, formatted(spec, values)))
+        else:
+            edits.extend(
+                (match.start(), match.end(), new)
+                for match, new in zip(found[first:last], group, strict=True)
+                if match.group() != new
+            )
+    for begin, end, text in sorted(edits, reverse=True):
+        cell = cell[:begin] + text + cell[end:]
+    return cell
+
+
+def _cell_bounds(line: str) -> list[tuple[int, int]]:
+    """Where each cell of a table row lies in ``line`` (between its pipes)."""
+    pipes = [index for index, char in enumerate(line) if char == "|"]
+    return list(zip(pipes, pipes[1:], strict=False))
+
+
+def rewrite_table(table: PublishedTable, text: str, values: Values) -> tuple[str, list[Change], list[str]]:
+    """``text`` with ``table``'s checked cells rewritten from ``values``; the changes; the rows left as they were
+    because the records lack some of their runs."""
+    lines = text.splitlines(keepends=True)
+    changes: list[Change] = []
+    unrecorded: list[str] = []
+    records = values.records
+    for row, index in table_lines(text, table.heading).items():
+        columns = table.cells.get(row)
+        if columns is None:
+            continue
+        specs_of_row = [spec for specs in columns.values() for spec in specs]
+        if runs_read(specs_of_row, records) - set(records.seeded):
+            unrecorded.append(row)
+            continue
+        line = lines[index]
+        bounds = _cell_bounds(line)
+        for column in sorted(columns, reverse=True):  # from the right: the earlier bounds stay valid
+            begin, end = bounds[column]
+            cell = line[begin + 1 : end]
+            new = rewritten_cell(cell, columns[column], values)
+            if new != cell:
+                line = line[: begin + 1] + new + line[end:]
+                old_tokens = tuple(match.group() for match in TOKEN.finditer(cell.replace("\u2212", "-")))
+                new_tokens = tuple(match.group() for match in TOKEN.finditer(new.replace("\u2212", "-")))
+                changes.append(Change(table.name, row, column, old_tokens, new_tokens))
+        lines[index] = line
+    return "".join(lines), sorted(changes, key=lambda change: (change.row, change.column)), unrecorded
+
+
+def rewrite_set(record_set: str, records_dir: Path, root: Path, write: bool = True) -> list[Change]:
+    """Every table of ``record_set`` under ``root`` rewritten from the records in ``records_dir``; the changes."""
+    results = list(recorded_results(records_dir).values())
+    if not results:
+        raise SystemExit(f"no records in {records_dir}: extract them first (--extract-records).")
+    changes: list[Change] = []
+    for table in (table for table in TABLES if table.record_set == record_set):
+        path = root / table.path
+        text = path.read_text()
+        new, found, unrecorded = rewrite_table(table, text, Values(table.record_set_of(results)))
+        if unrecorded:
+            print(f"[rewrite] {table.name}: rows {', '.join(unrecorded)} left alone (their runs are not all recorded)")
+        changes += found
+        if write and new != text:
+            path.write_text(new)
+    return changes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.reproduce.rewrite", description=__doc__.split("\n")[0])
+    sets = sorted({table.record_set for table in TABLES})
+    parser.add_argument("record_set", choices=sets, help="the run set whose tables to rewrite")
+    parser.add_argument("--records-dir", type=Path, help="its records (default benchmarks/reproduce/records/<set>)")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the checkout whose files to rewrite")
+    parser.add_argument("--dry-run", action="store_true", help="print the changes, write nothing")
+    args = parser.parse_args(argv)
+    records_dir = args.records_dir or set_dir(args.record_set)
+    changes = rewrite_set(args.record_set, records_dir, args.root, write=not args.dry_run)
+    for change in changes:
+        print(f"- {change}")
+    print(f"[rewrite] {len(changes)} cells {'would change' if args.dry_run else 'rewritten'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
