@@ -16,7 +16,8 @@ its *tokens*, in the order they appear: every number (``12``, ``83.1``) and verd
   averaged over the seeds;
 * ``mid``: FedAvg's accuracy at half its rounds (%); ``mid_round``: that round;
 * ``reach[a>b]`` / ``reach_mid[a>b]``: the rounds ``a`` takes to reach ``b``'s final / mid accuracy (``never``);
-  ``x[a>b]`` / ``x_mid[a>b]``: ``b``'s rounds over ``a``'s (the speed-up);
+  ``x[a>b]`` / ``x_mid[a>b]``: ``b``'s rounds over ``a``'s (the speed-up); ``x_lo[a>b]`` / ``x_hi[a>b]``: the
+  smallest and largest speed-up of the seeds (a range, "1.57–2.10×"; ``never`` where a seed never gets there);
 * ``recovered[iid>one_class>share...]``: the share of the IID − 1-class gap the best shared fraction recovers (%);
 * ``verdict[claim]``: the claim's verdict word on the seed means; ``seeds[claim]``: the verdicts per seed, as the
   tables write them (``reproduced ×3``, or ``not, partly, not``); ``ours[claim]``: the figure the report writes
@@ -194,6 +195,17 @@ class Values:
 
     def _x_mid(self, runs: Mapping[str, Summary], seed: int | None, run: str, base: str) -> Any:
         return self._speedup(runs, run, base, True)
+
+    def _per_seed_speedups(self, run: str, base: str) -> list[Any]:
+        return [self._speedup(self._per_seed[seed], run, base, False) for seed in sorted(self._per_seed)]
+
+    def _x_lo(self, runs: Mapping[str, Summary], seed: int | None, run: str, base: str) -> Any:
+        found = self._per_seed_speedups(run, base)
+        return NEVER if any(speedup is NEVER for speedup in found) else min(found)
+
+    def _x_hi(self, runs: Mapping[str, Summary], seed: int | None, run: str, base: str) -> Any:
+        reached = [speedup for speedup in self._per_seed_speedups(run, base) if speedup is not NEVER]
+        return max(reached) if reached else NEVER
 
     def _recovered(self, runs: Mapping[str, Summary], seed: int | None, iid: str, one: str, *shared: str) -> float:
         final = {name: measures.final(runs[name], GLOBAL_ACC) for name in (iid, one, *shared)}

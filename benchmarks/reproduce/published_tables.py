@@ -38,6 +38,11 @@ def _x(run: str, base: str, seeds: Sequence[int], mid: bool = False) -> list[str
     return [f"x{suffix}[{run}>{base}@{seed}]:.2f" for seed in seeds]
 
 
+def _x_range(run: str, base: str) -> list[str]:
+    """The seeds' speed-ups as a range, "1.57–2.10×": the smallest, then the largest."""
+    return [f"x_lo[{run}>{base}]:.2f", f"x_hi[{run}>{base}]:.2f"]
+
+
 def _verdict(key: str) -> list[str]:
     return [f"verdict[{key}]"]
 
@@ -63,6 +68,8 @@ _CLAIM2_SMALL = [
     "recovered[zhao_iid>zhao_1class>zhao_share_0.05>zhao_share_0.1]:.0f",
 ]
 _PATHOLOGICAL = _acc("bmta", [f"pathological_{m}" for m in ("fedamp", "heurfedamp", "separate", "fedavg")])
+#: FedAMP's mean self-weight at the last round on the pathological split (claim 3's "does not tell it from Separate").
+_XI_PATHOLOGICAL = "xi[pathological_fedamp]:.3f"
 
 # Protocol v2 run names.
 _FEDGG, _FEDAVG_D = "fedgg_fmnist_beta01", "fedavg_fmnist_beta01"
@@ -160,7 +167,7 @@ def _v2_full_rows(ours: int) -> dict[str, dict[int, list[str]]]:
     verdict, seeds = ours + 1, ours + 2
     return {
         "3": {
-            ours: [*_PATHOLOGICAL, "=3", "=2", "=not"],
+            ours: [*_PATHOLOGICAL, "=3", "=2", "=not", _XI_PATHOLOGICAL],
             verdict: _verdict("fedamp_pathological"),
             seeds: _seeds("fedamp_pathological"),
         },
@@ -241,7 +248,7 @@ def _v2_full_rows(ours: int) -> dict[str, dict[int, list[str]]]:
                 "=0",
                 *_acc(
                     "last5",
-                    [_RFEDAVG, "qfedavg_rfedavg_sim0", _FEDAVG_S, "fedprox_rfedavg_sim0", "scaffold_rfedavg_sim0"],
+                    [_RFEDAVG, "fedprox_rfedavg_sim0", _FEDAVG_S, "qfedavg_rfedavg_sim0", "scaffold_rfedavg_sim0"],
                 ),
             ],
             verdict: _verdict("baselines_rfedavg"),
@@ -374,14 +381,14 @@ def _docs_v2_small() -> dict[str, dict[int, list[str]]]:
     rows["5"][4] = [f"verdict[fedcurv_rounds@{seed}]" for seed in (0, 1, 2)]
     rows["6"][2] = ["=5", *_acc("last5", [_RFEDAVG, _FEDAVG_S]), *_acc("std_runs", [_RFEDAVG, _FEDAVG_S], ".2f")]
     rows["7"][2] = ["=1", *_speed(_FEDGG, _FEDAVG_D), "=0.01", f"x[{_FEDGG_LR}>{_FEDAVG_LR}]:.2f"]
-    rows["7"][4] = [*_seeds("fedgg_rounds"), *_x(_FEDGG, _FEDAVG_D, (0, 2))]  # "1.57–2.10×": seeds 0 and 2
+    rows["7"][4] = [*_seeds("fedgg_rounds"), *_x_range(_FEDGG, _FEDAVG_D)]
     rows["7 (lr 0.01)"][4] = _seeds("fedgg_rounds_lr001")
     return rows
 
 
 def _docs_v2_full() -> dict[str, dict[int, list[str]]]:
     rows = _v2_full_rows(2)
-    rows["3"][2] = [*_PATHOLOGICAL, "=3", "=2", "=not"]
+    rows["3"][2] = [*_PATHOLOGICAL, "=3", "=2", "=not", _XI_PATHOLOGICAL]
     rows["4"][2] = [*_acc("bmta", ["practical_fedamp", "practical_separate", "practical_fedavg"]), "=3", *_REGIME]
     rows["5"][2] = [
         f"reach_mid[{_FEDCURV}>{_FEDAVG_C}]",
@@ -408,7 +415,7 @@ def _docs_v2_full() -> dict[str, dict[int, list[str]]]:
         "=0.01",
     ]
     rows["7 (lr 0.01)"][2] = [*_speed(_FEDGG_LR, _FEDAVG_LR), "=0"]
-    rows["7"][4] = [*_seeds("fedgg_rounds"), *_x(_FEDGG, _FEDAVG_D, (2, 0))]  # "1.67–2.71×": seeds 2 and 0
+    rows["7"][4] = [*_seeds("fedgg_rounds"), *_x_range(_FEDGG, _FEDAVG_D)]
     rows["8a"][2] = [
         *_acc("best", [_FEDGG, _FEDAVG_D]),
         "=3",
