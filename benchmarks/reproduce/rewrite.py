@@ -8,8 +8,8 @@ test (``tests/reproduce/test_published_tables.py``) then holds the text to the r
 
 Only the cells :mod:`~benchmarks.reproduce.published_tables` checks are rewritten, token by token: the wording
 around the numbers stays. A cell whose verdicts per seed change shape (``reproduced ×3`` to ``reproduced, partly,
-reproduced``) gets the spec's text in place of the old span. Numbers quoted in prose are not in any table: the
-printed changes are what to look for there.
+reproduced``) gets the spec's text in place of the old span. Numbers quoted in prose are in no table: the command
+lists the lines outside the checked rows that quote a changed number, to check by hand.
 
 Usage, from the repository root::
 
@@ -19,6 +19,7 @@ Usage, from the repository root::
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,21 +139,75 @@ def rewrite_table(table: PublishedTable, text: str, values: Values) -> tuple[str
 
 
 def rewrite_set(record_set: str, records_dir: Path, root: Path, write: bool = True) -> list[Change]:
-    """Every table of ``record_set`` under ``root`` rewritten from the records in ``records_dir``; the changes."""
+    """Every table of ``record_set`` under ``root`` rewritten from the records in ``records_dir``; the changes.
+    Nothing is written unless every table rewrites."""
     results = list(recorded_results(records_dir).values())
     if not results:
         raise SystemExit(f"no records in {records_dir}: extract them first (--extract-records).")
+    texts: dict[Path, str] = {}
     changes: list[Change] = []
     for table in (table for table in TABLES if table.record_set == record_set):
         path = root / table.path
-        text = path.read_text()
-        new, found, unrecorded = rewrite_table(table, text, Values(table.record_set_of(results)))
+        text = texts.get(path) or path.read_text()
+        texts[path], found, unrecorded = rewrite_table(table, text, Values(table.record_set_of(results)))
         if unrecorded:
             print(f"[rewrite] {table.name}: rows {', '.join(unrecorded)} left alone (their runs are not all recorded)")
         changes += found
-        if write and new != text:
-            path.write_text(new)
+    if write:
+        for path, text in texts.items():
+            if text != path.read_text():
+                path.write_text(text)
     return changes
+
+
+def _level(line: str) -> int:
+    """A markdown heading's level (``### x``: 3); 0 for any other line."""
+    hashes = len(line) - len(line.lstrip("#"))
+    return hashes if hashes and line[hashes : hashes + 1] == " " else 0
+
+
+def _section(lines: Sequence[str], index: int) -> range:
+    """The lines of the markdown section that holds line ``index``: from its heading to the next heading of the
+    same or a higher level."""
+    start = next((i for i in range(index, -1, -1) if _level(lines[i])), 0)
+    level = _level(lines[start]) or 1
+    end = next((i for i in range(start + 1, len(lines)) if 0 < _level(lines[i]) <= level), len(lines))
+    return range(start, end)
+
+
+def quoted_in_prose(changes: Sequence[Change], record_set: str, root: Path) -> list[str]:
+    """Lines outside the checked rows that quote numbers a rewritten cell changed, for a person to check (prose is
+    in no table): ``path:line: numbers``. Looked for in the sections that hold the set's tables, and anywhere else
+    in their files where a line quotes two of them (an errata item, a summary). Only numbers of four characters or
+    more with a decimal point count ("96.4", "3.29"): "0.1" or a round count matches too much to help."""
+    changed = sorted(
+        {
+            old
+            for change in changes
+            if len(change.published) == len(change.rebuilt)
+            for old, new in zip(change.published, change.rebuilt, strict=True)
+            if old != new and "." in old and len(old) >= 4
+        }
+    )
+    if not changed:
+        return []
+    pattern = re.compile(r"(?<![\d.])(" + "|".join(map(re.escape, changed)) + r")(?![\d])")
+    found = []
+    for path in sorted({table.path for table in TABLES if table.record_set == record_set}):
+        text = (root / path).read_text()
+        lines = text.splitlines()
+        checked: set[int] = set()  # every checked row of every set: numbers there are the test's business
+        sections: set[int] = set()
+        for table in (table for table in TABLES if table.path == path):
+            positions = table_lines(text, table.heading)
+            checked |= {index for row, index in positions.items() if row in table.cells}
+            if table.record_set == record_set:
+                sections |= set(_section(lines, min(positions.values())))
+        for index, line in enumerate(lines):
+            numbers = sorted(set(pattern.findall(line.replace("\u2212", "-"))))
+            if index not in checked and (len(numbers) > 1 or (numbers and index in sections)):
+                found.append(f"{path}:{index + 1}: {', '.join(numbers)}")
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,10 +219,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the changes, write nothing")
     args = parser.parse_args(argv)
     records_dir = args.records_dir or set_dir(args.record_set)
-    changes = rewrite_set(args.record_set, records_dir, args.root, write=not args.dry_run)
+    try:
+        changes = rewrite_set(args.record_set, records_dir, args.root, write=not args.dry_run)
+    except ValueError as error:  # a cell whose wording and specs disagree: the shape test names it too
+        raise SystemExit(f"rewrite: {error}; make the cell and its specs in published_tables.py agree first.") from None
     for change in changes:
         print(f"- {change}")
     print(f"[rewrite] {len(changes)} cells {'would change' if args.dry_run else 'rewritten'}")
+    quoted = quoted_in_prose(changes, args.record_set, args.root)
+    if quoted:
+        print("[rewrite] lines outside the checked rows that quote a changed number (check each by hand):")
+        for line in quoted:
+            print(f"  {line}")
     return 0
 
 

@@ -39,8 +39,8 @@ from benchmarks.reproduce.records import (
     without_out_dir,
     write_record,
 )
+from benchmarks.reproduce.rewrite import Change, quoted_in_prose, rewrite_table
 from benchmarks.reproduce.rewrite import main as rewrite_main
-from benchmarks.reproduce.rewrite import rewrite_table
 from benchmarks.reproduce.runner import FAILED, OK, RunResult
 
 ROOT = Path(__file__).parents[2]
@@ -448,3 +448,42 @@ def test_the_rewrite_command_writes_the_files_and_prints_the_errata(tmp_path, ca
     assert dry.count("\n- REPRODUCTION.md, v2 full, row ") >= 1 and " → " in dry
     values = _values_of("v2-full", tmp_path / "records", table)
     assert compare(table, (tmp_path / "root" / table.path).read_text(), values) == []
+
+
+def test_the_lines_that_quote_a_changed_number_are_listed_for_a_person(tmp_path):
+    changes = [
+        Change("t", "3", 3, ("96.4", "0.1", "12"), ("96.5", "0.2", "13")),
+        Change("t", "5", 3, ("78.2",), ("77.9",)),
+    ]
+    text = (ROOT / "REPRODUCTION.md").read_text().splitlines()
+    full = text.index(next(line for line in text if line.startswith("### v2 full profile")))
+    v1 = text.index(next(line for line in text if line.startswith("### Full profile")))
+    inserted = {
+        full + 1: "In this section, 96.4 and 0.1 and 12.",  # one number, in the set's own section: listed
+        v1 + 1: "Far away, a lone 96.4, and 96.45.",  # one number, elsewhere: a coincidence, not listed
+        v1 + 2: "Far away, 96.4 beside 78.2.",  # two numbers, elsewhere: an errata item or a summary, listed
+    }
+    for index in sorted(inserted, reverse=True):
+        text.insert(index, inserted[index])
+    shutil.copytree(ROOT / "docs" / "reproduction", tmp_path / "docs" / "reproduction")
+    (tmp_path / "REPRODUCTION.md").write_text("\n".join(text) + "\n")
+    found = dict(line.rsplit(": ", 1) for line in quoted_in_prose(changes, "v2-full", tmp_path))
+    line_of = {
+        index: f"REPRODUCTION.md:{index + 1 + sum(1 for other in inserted if other < index)}" for index in inserted
+    }
+    assert found[line_of[full + 1]] == "96.4"  # not 0.1 (too short to look for) nor 12 (no decimal point)
+    assert line_of[v1 + 1] not in found
+    assert found[line_of[v1 + 2]] == "78.2, 96.4"
+
+
+def test_a_cell_whose_wording_lost_a_number_stops_the_rewrite_with_one_line(tmp_path):
+    _write_synthetic(tmp_path / "records", "v2-full")
+    shutil.copytree(ROOT / "docs" / "reproduction", tmp_path / "root" / "docs" / "reproduction")
+    shutil.copy(ROOT / "REPRODUCTION.md", tmp_path / "root" / "REPRODUCTION.md")
+    docs = tmp_path / "root" / "docs" / "reproduction" / "index.md"
+    # The docs' table comes second: REPRODUCTION.md's would already be rewritten when the docs' fails.
+    docs.write_text(docs.read_text().replace("(BMTA, 3 seeds)", "(BMTA)", 1))
+    args = ["v2-full", "--records-dir", str(tmp_path / "records"), "--root", str(tmp_path / "root")]
+    with pytest.raises(SystemExit, match=r"^rewrite: 7 tokens in .*make the cell and its specs in published_tables"):
+        rewrite_main(args)
+    assert (tmp_path / "root" / "REPRODUCTION.md").read_text() == (ROOT / "REPRODUCTION.md").read_text()
