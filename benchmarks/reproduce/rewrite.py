@@ -63,12 +63,13 @@ def rewritten_cell(cell: str, specs: Sequence[str], values: Values) -> str:
 
     Raises:
         ValueError: The cell's tokens cannot be matched to its specs (the shape check names why), or a cell with
-            more than one spec of variable length changed its count of tokens.
+            more than one spec of variable length changed its tokens.
     """
     found = list(TOKEN.finditer(cell.replace("\u2212", "-")))
     groups = [evaluate(spec, values) for spec in specs]
     variable = [index for index, spec in enumerate(specs) if is_variable(spec)]
-    if len(variable) > 1 and len(found) != sum(map(len, groups)):
+    if len(variable) > 1 and [match.group() for match in found] != [token for group in groups for token in group]:
+        # Which published tokens belong to which of them cannot be told apart.
         raise ValueError(f"{len(variable)} specs of variable length changed their tokens: edit {cell!r} by hand")
     if not variable and len(found) != sum(map(len, groups)):
         raise ValueError(f"{len(found)} tokens in {cell!r}, {sum(map(len, groups))} from the specs {list(specs)}")
@@ -78,6 +79,8 @@ def rewritten_cell(cell: str, specs: Sequence[str], values: Values) -> str:
     for index, group in enumerate(groups):
         if index in variable[:1]:
             length = len(found) - sum(len(other) for other in groups[index + 1 :]) - start
+            if length < 0:
+                raise ValueError(f"{len(found)} tokens in {cell!r}: too few for the specs {list(specs)}")
         else:
             length = len(group)
         spans.append((start, start + length))

@@ -39,7 +39,7 @@ from benchmarks.reproduce.records import (
     without_out_dir,
     write_record,
 )
-from benchmarks.reproduce.rewrite import Change, quoted_in_prose, rewrite_table
+from benchmarks.reproduce.rewrite import Change, quoted_in_prose, rewrite_table, rewritten_cell
 from benchmarks.reproduce.rewrite import main as rewrite_main
 from benchmarks.reproduce.runner import FAILED, OK, RunResult
 
@@ -487,3 +487,13 @@ def test_a_cell_whose_wording_lost_a_number_stops_the_rewrite_with_one_line(tmp_
     with pytest.raises(SystemExit, match=r"^rewrite: 7 tokens in .*make the cell and its specs in published_tables"):
         rewrite_main(args)
     assert (tmp_path / "root" / "REPRODUCTION.md").read_text() == (ROOT / "REPRODUCTION.md").read_text()
+
+
+def test_a_cell_the_specs_cannot_be_matched_to_is_refused(synthetic):
+    specs = ["final[zhao_iid]:.1f", "seeds[zhao_emd]"]
+    written = f"{format(synthetic.value('final', 'zhao_iid'), '.1f')} ({format(synthetic.value('seeds', 'zhao_emd'))})"
+    assert rewritten_cell(written, specs, synthetic) == written
+    with pytest.raises(ValueError, match="too few for the specs"):
+        rewritten_cell("no numbers here", specs, synthetic)
+    with pytest.raises(ValueError, match="2 specs of variable length changed their tokens"):
+        rewritten_cell("reproduced ×3, not ×3", ["seeds[zhao_emd]", "seeds[zhao_sharing]"], synthetic)
