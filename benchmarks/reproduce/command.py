@@ -47,6 +47,7 @@ from benchmarks.reproduce.experiments import (
 from benchmarks.reproduce.exploratory import EXPLORATORY
 from benchmarks.reproduce.records import (
     declared_commit,
+    environment,
     extract_records,
     recorded_results,
     set_dir,
@@ -148,6 +149,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--commit",
         help="with --extract-records: the commit (or tree recipe id of RUN_SETS.json) of the tree that ran them",
+    )
+    parser.add_argument(
+        "--same-machine",
+        action="store_true",
+        help="with --extract-records: the runs ran on this machine, in this Python environment; record it with "
+        "those whose status.json does not name one (an older runner's)",
     )
     parser.add_argument("--workers", type=int, default=2, help="parallel runs, one CPU thread each (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (default 1)")
@@ -313,7 +320,8 @@ def _extract(args: argparse.Namespace, experiments: Sequence[Experiment], out_di
         return declared_commit(records.name, result.experiment)
 
     try:
-        written = extract_records(out_dir, records, commit_of, experiments or None)
+        vouched = environment("declared: extracted with --same-machine") if args.same_machine else None
+        written = extract_records(out_dir, records, commit_of, experiments or None, vouched)
     except ValueError as error:
         raise SystemExit(f"--extract-records: {error}.") from None
     print(f"[reproduce] {len(written)} records of the runs in {out_dir} written to {records}")

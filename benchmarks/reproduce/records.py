@@ -11,6 +11,10 @@ reports read from a run, and what says where it came from:
 * ``commit``: the git commit of the tree that ran it (``id``, ``dirty``, and ``source``: ``git`` when the runner
   asked git, ``declared`` when the record was extracted later and the tree is the one
   ``records/RUN_SETS.json`` names for the set);
+* ``environment``: what the digits depend on besides the tree (:func:`environment`): Python, torch and numpy
+  versions, the CPU model, its cores and the platform. The runner records its own; an extracted record has one only
+  when the extraction declares it ran on the machine and environment that made the runs (``None`` otherwise): two
+  machines that differ here give the same verdicts but not always the same digits (REPRODUCTION.md, errata);
 * ``summary``: the trainer's ``summary.json`` with its per-round ``history`` stored by column (each metric's values
   over the rounds, ``null`` where a round did not log it), without ``final`` (the last round of the history, rebuilt
   on reading) and without the machine's run directory.
@@ -24,10 +28,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import platform
 import re
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +79,38 @@ def git_commit(root: Path) -> dict[str, Any]:
     return {"id": commit, "dirty": bool(dirty) if commit else None, "source": "git" if commit else None}
 
 
+def _cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what :func:`platform.processor` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment(source: str = "runner") -> dict[str, Any]:
+    """This machine and Python environment, as a record keeps them: what a run's digits depend on besides its tree.
+    ``source`` says who vouches that the runs had it (``runner``: the runner, which started them here)."""
+    return {
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "numpy": _version("numpy"),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "source": source,
+    }
+
+
 def _columns(history: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
     keys: dict[str, None] = {}
     for entry in history:
@@ -108,10 +147,15 @@ def without_out_dir(text: str, out_dir: Path | str) -> str:
     return re.sub(re.escape(str(out_dir)) + r"(?![\w.-])", OUT_DIR, text)
 
 
-def make_record(result: RunResult, summary: Mapping[str, Any] | None, commit: Mapping[str, Any]) -> dict[str, Any]:
-    """The record of one run: its status, where it came from, and (when it wrote one) its summary. The output
-    directory the run's directory lies in (``<out>`` of ``<out>/runs/<run>``) is written as :data:`OUT_DIR` in its
-    command and error."""
+def make_record(
+    result: RunResult,
+    summary: Mapping[str, Any] | None,
+    commit: Mapping[str, Any],
+    environment: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The record of one run: its status, where it came from (its tree and, where known, its environment), and
+    (when it wrote one) its summary. The output directory the run's directory lies in (``<out>`` of
+    ``<out>/runs/<run>``) is written as :data:`OUT_DIR` in its command and error."""
     out_dir = Path(result.run_dir).parent.parent if result.run_dir else None
 
     def scrubbed(text: str | None) -> str | None:
@@ -130,6 +174,7 @@ def make_record(result: RunResult, summary: Mapping[str, Any] | None, commit: Ma
         "command": scrubbed(result.command),
         "run_fingerprint": result.fingerprint,
         "commit": dict(commit),
+        "environment": None if environment is None else dict(environment),
         "summary": None if summary is None else compact_summary(summary),
     }
 
@@ -222,11 +267,14 @@ def recorded_results(set_dir: Path, experiments: Iterable[Experiment] | None = N
     return {name: result_of(record, set_dir) for name, record in records.items() if wanted is None or name in wanted}
 
 
-def record_run(result: RunResult, set_dir: Path, commit: Mapping[str, Any]) -> Path:
-    """Writes the record of a run the runner has just finished (its summary when it wrote one)."""
+def record_run(
+    result: RunResult, set_dir: Path, commit: Mapping[str, Any], environment: Mapping[str, Any] | None = None
+) -> Path:
+    """Writes the record of a finished run (its summary when it wrote one), with ``environment`` or else the one
+    the runner stored with the run."""
     path = Path(result.run_dir) / "summary.json"
     summary = json.loads(path.read_text()) if path.is_file() else None
-    return write_record(set_dir, make_record(result, summary, commit))
+    return write_record(set_dir, make_record(result, summary, commit, environment or result.environment))
 
 
 def extract_records(
@@ -234,10 +282,13 @@ def extract_records(
     set_dir: Path,
     commit_of: Callable[[RunResult], Mapping[str, Any] | None],
     experiments: Iterable[Experiment] | None = None,
+    environment: Mapping[str, Any] | None = None,
 ) -> list[Path]:
     """Records of the runs in ``<out_dir>/runs/*/`` that hold a ``status.json`` (only those of ``experiments`` when
     given), for run directories an older runner wrote. The tree of each is its ``status.json``'s commit when it
-    has one, else ``commit_of(result)`` (the declared tree, :func:`declared_commit`).
+    has one, else ``commit_of(result)`` (the declared tree, :func:`declared_commit`); the environment is its
+    ``status.json``'s when it has one, else ``environment``, the one the extraction vouches the runs had (none known
+    when ``None``).
 
     Raises:
         ValueError: A run's tree is neither in its ``status.json`` nor given by ``commit_of``.
@@ -251,7 +302,7 @@ def extract_records(
         commit = result.commit or commit_of(result)
         if commit is None:
             raise ValueError(f"no tree is known for run {result.name!r}: pass --commit, or declare it in RUN_SETS.json")
-        written.append(record_run(result, set_dir, commit))
+        written.append(record_run(result, set_dir, commit, result.environment or environment))
     return written
 
 
@@ -263,6 +314,7 @@ __all__ = [
     "RecordedResult",
     "compact_summary",
     "declared_commit",
+    "environment",
     "expand_summary",
     "extract_records",
     "git_commit",

@@ -53,6 +53,9 @@ class RunResult:
     commit: dict[str, Any] | None = None
     """The git commit of the tree that ran it (:func:`benchmarks.reproduce.records.git_commit`); ``None`` in older
     ``status.json``."""
+    environment: dict[str, Any] | None = None
+    """The machine and Python environment that ran it (:func:`benchmarks.reproduce.records.environment`); ``None``
+    in older ``status.json``."""
 
     def __post_init__(self) -> None:
         self.experiment = self.experiment or self.name
@@ -245,7 +248,7 @@ def run_one(
     ``records_dir``: the record set the run's record is written to (none when ``None``); ``commit``: the tree that
     runs it, as :func:`benchmarks.reproduce.records.git_commit` gives it (asked of git under ``root`` when ``None``).
     """
-    from benchmarks.reproduce.records import git_commit, record_run  # records builds on this module
+    from benchmarks.reproduce.records import environment, git_commit, record_run  # records builds on this module
 
     commit = git_commit(root) if commit is None else commit
     run_dir = run_dir_of(out_dir, experiment.run_name)
@@ -284,6 +287,7 @@ def run_one(
         load.record.to_dict(),
         run_fingerprint(experiment, command, root),
         commit,
+        environment(),
     )
     (run_dir / "status.json").write_text(json.dumps(asdict(result), indent=2))
     if records_dir is not None:

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks.reproduce import command
 from benchmarks.reproduce.experiments import experiments_for
@@ -31,6 +32,7 @@ from benchmarks.reproduce.records import (
     RUN_SETS,
     compact_summary,
     declared_commit,
+    environment,
     expand_summary,
     extract_records,
     make_record,
@@ -249,6 +251,9 @@ def test_the_runner_writes_records_and_the_report_rebuilds_from_them_alone(fake_
     written = read_records(set_dir)
     assert set(written) == {f"{name}.seed0" for name in fake_fit_names(fake_fit)}
     assert all(record["commit"]["source"] == "git" and record["commit"]["id"] for record in written.values())
+    # What the digits depend on besides the tree: the runner vouches for its own machine and environment.
+    assert all(record["environment"] == environment() for record in written.values())
+    assert environment()["torch"] == torch.__version__.split("+")[0] and environment()["cores"] >= 1
     assert (set_dir / "report.md").is_file() and (set_dir / "reproduction.json").is_file()
     # The copies beside the records are committed: the output directory (a machine's path) is written as <out-dir>.
     assert str(out) in (out / "REPRODUCTION.md").read_text()
@@ -292,6 +297,22 @@ def test_extracted_records_name_the_tree_the_run_set_declares(tmp_path):
     assert found["practical_fedamp.seed0"]["commit"]["id"] == trees["v1-small-b"]["commit"]  # re-run after the
     assert found["zhao_iid.seed0"]["commit"]["id"] == trees["v1-small-a"]["commit"]  # common-range tuning
     assert found["zhao_iid.seed0"]["commit"]["source"] == "declared"
+
+
+def test_an_extracted_record_has_an_environment_only_where_one_is_known(tmp_path):
+    _old_run(tmp_path, "zhao_iid.seed0", "zhao_iid")
+    status = tmp_path / "runs" / "zhao_iid.seed0" / "status.json"
+    args = ["--profile", "smoke", "--claims", "1", "--out-dir", str(tmp_path), "--extract-records", "--no-wandb"]
+    assert command.main([*args, "--commit", "1234567", "--records-dir", str(tmp_path / "a")]) == 0
+    assert read_records(tmp_path / "a")["zhao_iid.seed0"]["environment"] is None  # an older runner's: unknown
+    assert command.main([*args, "--commit", "1234567", "--records-dir", str(tmp_path / "b"), "--same-machine"]) == 0
+    vouched = read_records(tmp_path / "b")["zhao_iid.seed0"]["environment"]
+    assert vouched == environment("declared: extracted with --same-machine")
+    # A run whose runner stored its environment keeps that one, whatever the extraction says.
+    stored = {**environment(), "cpu": "the machine that ran it"}
+    status.write_text(json.dumps({**json.loads(status.read_text()), "environment": stored}))
+    assert command.main([*args, "--commit", "1234567", "--records-dir", str(tmp_path / "c"), "--same-machine"]) == 0
+    assert read_records(tmp_path / "c")["zhao_iid.seed0"]["environment"] == stored
 
 
 def test_extracting_a_set_without_a_declared_tree_asks_for_commit(tmp_path, capsys):
