@@ -328,9 +328,12 @@ def split_row(line: str) -> list[str]:
 
 def planned_runs(record_set: str) -> frozenset[str]:
     """The runs (experiment names) record set ``record_set`` is made of: its profile's (``v2-full``), or an
-    exploratory set's (``v2-exploratory-<name>``); a search's (``-tune``) are not listed here."""
+    exploratory set's (``v2-exploratory-<name>``). A search (``-tune``) has no table of this kind: TUNING.md is
+    rebuilt whole (:func:`rebuilt_tuning_report`)."""
     if record_set.startswith("v2-exploratory-"):
         return frozenset(run.name for run in EXPLORATORY[record_set.removeprefix("v2-exploratory-")].experiments)
+    if record_set.endswith("-tune"):
+        raise ValueError(f"{record_set!r} is a search: its runs are the tuning runs, not a profile's")
     protocol, profile = record_set.split("-")[:2]
     return frozenset(run.name for run in experiments_for(profile, protocol=protocol))
 
