@@ -68,9 +68,14 @@ _CLAIM_VALUES = frozenset({"verdict", "seeds", "ours"})
 _VARIABLE = frozenset({"seeds", "ours"})
 
 
+def token_matches(text: str) -> list[re.Match[str]]:
+    """The numbers and verdict words of a cell, in order, with where each lies in ``text``."""
+    return list(TOKEN.finditer(text.replace("\u2212", "-")))  # one character for one: the places stay ``text``'s
+
+
 def tokens(text: str) -> list[str]:
     """The numbers and verdict words of a cell, in order."""
-    return TOKEN.findall(text.replace("\u2212", "-"))
+    return [match.group() for match in token_matches(text)]
 
 
 @dataclass
@@ -228,6 +233,13 @@ class Values:
 
     def _seeds(self, runs: Mapping[str, Summary], seed: int | None, key: str) -> str:
         return _seed_words([self._verdict(self._per_seed[s], s, key) for s in sorted(self._per_seed)])
+
+
+def unrecorded_runs(table: PublishedTable, row: str, records: RecordSet) -> set[str]:
+    """The runs row ``row`` of ``table`` reads that ``records`` lack: the row can be checked, or rewritten, only
+    when this is empty."""
+    specs = [spec for column in table.cells[row].values() for spec in column]
+    return runs_read(specs, records) - set(records.seeded)
 
 
 def runs_read(specs: Sequence[str], records: RecordSet) -> set[str]:
@@ -446,7 +458,6 @@ def render_row(table: PublishedTable, row: str, values: Values, width: int) -> s
 
 __all__ = [
     "NEVER",
-    "TOKEN",
     "Difference",
     "PublishedTable",
     "RecordSet",
@@ -464,5 +475,7 @@ __all__ = [
     "shape_differences",
     "split_row",
     "table_lines",
+    "token_matches",
     "tokens",
+    "unrecorded_runs",
 ]

@@ -270,11 +270,11 @@ def recorded_results(set_dir: Path, experiments: Iterable[Experiment] | None = N
 def record_run(
     result: RunResult, set_dir: Path, commit: Mapping[str, Any], environment: Mapping[str, Any] | None = None
 ) -> Path:
-    """Writes the record of a finished run (its summary when it wrote one), with ``environment`` or else the one
-    the runner stored with the run."""
+    """Writes the record of a finished run (its summary when it wrote one), with the environment the runner stored
+    with the run, else ``environment`` (one vouched for after the fact)."""
     path = Path(result.run_dir) / "summary.json"
     summary = json.loads(path.read_text()) if path.is_file() else None
-    return write_record(set_dir, make_record(result, summary, commit, environment or result.environment))
+    return write_record(set_dir, make_record(result, summary, commit, result.environment or environment))
 
 
 def extract_records(
@@ -302,7 +302,7 @@ def extract_records(
         commit = result.commit or commit_of(result)
         if commit is None:
             raise ValueError(f"no tree is known for run {result.name!r}: pass --commit, or declare it in RUN_SETS.json")
-        written.append(record_run(result, set_dir, commit, result.environment or environment))
+        written.append(record_run(result, set_dir, commit, environment))
     return written
 
 

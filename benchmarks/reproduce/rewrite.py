@@ -25,14 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.reproduce.published import (
-    TOKEN,
     PublishedTable,
     Values,
     evaluate,
     formatted,
     is_variable,
-    runs_read,
     table_lines,
+    token_matches,
+    tokens,
+    unrecorded_runs,
 )
 from benchmarks.reproduce.published_tables import TABLES
 from benchmarks.reproduce.records import recorded_results, set_dir
@@ -65,7 +66,7 @@ def rewritten_cell(cell: str, specs: Sequence[str], values: Values) -> str:
         ValueError: The cell's tokens cannot be matched to its specs (the shape check names why), or a cell with
             more than one spec of variable length changed its tokens.
     """
-    found = list(TOKEN.finditer(cell.replace("\u2212", "-")))
+    found = token_matches(cell)
     groups = [evaluate(spec, values) for spec in specs]
     variable = [index for index, spec in enumerate(specs) if is_variable(spec)]
     if len(variable) > 1 and [match.group() for match in found] != [token for group in groups for token in group]:
@@ -117,13 +118,11 @@ def rewrite_table(table: PublishedTable, text: str, values: Values) -> tuple[str
     lines = text.splitlines(keepends=True)
     changes: list[Change] = []
     unrecorded: list[str] = []
-    records = values.records
     for row, index in table_lines(text, table.heading).items():
         columns = table.cells.get(row)
         if columns is None:
             continue
-        specs_of_row = [spec for specs in columns.values() for spec in specs]
-        if runs_read(specs_of_row, records) - set(records.seeded):
+        if unrecorded_runs(table, row, values.records):
             unrecorded.append(row)
             continue
         line = lines[index]
@@ -134,9 +133,7 @@ def rewrite_table(table: PublishedTable, text: str, values: Values) -> tuple[str
             new = rewritten_cell(cell, columns[column], values)
             if new != cell:
                 line = line[: begin + 1] + new + line[end:]
-                old_tokens = tuple(match.group() for match in TOKEN.finditer(cell.replace("\u2212", "-")))
-                new_tokens = tuple(match.group() for match in TOKEN.finditer(new.replace("\u2212", "-")))
-                changes.append(Change(table.name, row, column, old_tokens, new_tokens))
+                changes.append(Change(table.name, row, column, tuple(tokens(cell)), tuple(tokens(new))))
         lines[index] = line
     return "".join(lines), sorted(changes, key=lambda change: (change.row, change.column)), unrecorded
 
@@ -147,18 +144,19 @@ def rewrite_set(record_set: str, records_dir: Path, root: Path, write: bool = Tr
     results = list(recorded_results(records_dir).values())
     if not results:
         raise SystemExit(f"no records in {records_dir}: extract them first (--extract-records).")
-    texts: dict[Path, str] = {}
+    tables = [table for table in TABLES if table.record_set == record_set]
+    published = {root / table.path: (root / table.path).read_text() for table in tables}
+    texts = dict(published)
     changes: list[Change] = []
-    for table in (table for table in TABLES if table.record_set == record_set):
+    for table in tables:
         path = root / table.path
-        text = texts.get(path) or path.read_text()
-        texts[path], found, unrecorded = rewrite_table(table, text, Values(table.record_set_of(results)))
+        texts[path], found, unrecorded = rewrite_table(table, texts[path], Values(table.record_set_of(results)))
         if unrecorded:
             print(f"[rewrite] {table.name}: rows {', '.join(unrecorded)} left alone (their runs are not all recorded)")
         changes += found
     if write:
         for path, text in texts.items():
-            if text != path.read_text():
+            if text != published[path]:
                 path.write_text(text)
     return changes
 
@@ -207,7 +205,7 @@ def quoted_in_prose(changes: Sequence[Change], record_set: str, root: Path) -> l
             if table.record_set == record_set:
                 sections |= set(_section(lines, min(positions.values())))
         for index, line in enumerate(lines):
-            numbers = sorted(set(pattern.findall(line.replace("\u2212", "-"))))
+            numbers = sorted(set(pattern.findall(line)))
             if index not in checked and (len(numbers) > 1 or (numbers and index in sections)):
                 found.append(f"{path}:{index + 1}: {', '.join(numbers)}")
     return found

@@ -25,6 +25,7 @@ from benchmarks.reproduce.published import (
     shape_differences,
     table_lines,
     tokens,
+    unrecorded_runs,
 )
 from benchmarks.reproduce.published_tables import TABLES
 from benchmarks.reproduce.records import (
@@ -82,8 +83,7 @@ def test_every_published_number_equals_the_records(table, row):
         pytest.skip(f"{table.name}: {_missing(table.record_set)}")
     records = table.record_set_of(list(found.values()))
     # A record set is rerun over several sessions: a row is checked once every run it reads is recorded.
-    specs = [spec for column in table.cells[row].values() for spec in column]
-    unrecorded = sorted(runs_read(specs, records) - set(records.seeded))
+    unrecorded = sorted(unrecorded_runs(table, row, records))
     if unrecorded:
         pytest.skip(
             f"{table.name}, row {row}: {len(unrecorded)} of its runs are not yet in records/{table.record_set}/"
