@@ -39,7 +39,7 @@ from typing import Any
 
 from benchmarks.reproduce import measures
 from benchmarks.reproduce.claims import CLAIM_SETS, GLOBAL_ACC, NO_VERDICT, Claim
-from benchmarks.reproduce.experiments import experiments_for
+from benchmarks.reproduce.experiments import default_seeds, experiments_for
 from benchmarks.reproduce.exploratory import EXPLORATORY
 from benchmarks.reproduce.measures import Summary
 from benchmarks.reproduce.rules import NOT
@@ -85,8 +85,9 @@ class RecordSet:
     results: Sequence[RunResult]
     protocol: str
     claims: tuple[Claim, ...] = ()
-    #: The runs the set was made of (its profile's), where known: a claim's runs outside them are not read.
-    planned: frozenset[str] | None = None
+    #: The runs the set was made of (its profile's) and the seeds each ran with, where known: a claim's runs outside
+    #: them are not read, and a run is recorded only when all of its seeds are.
+    planned: Mapping[str, tuple[int, ...]] | None = None
     seeded: dict[str, dict[int, Summary]] = field(init=False)
     means: dict[str, Summary] = field(init=False)
 
@@ -239,7 +240,16 @@ def unrecorded_runs(table: PublishedTable, row: str, records: RecordSet) -> set[
     """The runs row ``row`` of ``table`` reads that ``records`` lack: the row can be checked, or rewritten, only
     when this is empty."""
     specs = [spec for column in table.cells[row].values() for spec in column]
-    return runs_read(specs, records) - set(records.seeded)
+    return {run for run in runs_read(specs, records) if not _all_seeds_recorded(run, records)}
+
+
+def _all_seeds_recorded(run: str, records: RecordSet) -> bool:
+    """Whether every seed ``run`` was planned with is recorded (any seed, where the plan is unknown): a mean over
+    the seeds that happen to have finished is not the published mean."""
+    recorded = records.seeded.get(run, {})
+    if records.planned is None or run not in records.planned:
+        return bool(recorded)
+    return set(records.planned[run]) <= set(recorded)
 
 
 def runs_read(specs: Sequence[str], records: RecordSet) -> set[str]:
@@ -255,7 +265,7 @@ def runs_read(specs: Sequence[str], records: RecordSet) -> set[str]:
         key = match["key"].partition("@")[0]
         if match["name"] in _CLAIM_VALUES:
             claim_runs = set(records.claim(key).runs)
-            needed |= claim_runs if records.planned is None else claim_runs & records.planned
+            needed |= claim_runs if records.planned is None else claim_runs & set(records.planned)
         else:
             needed |= set(key.split(">"))
     return needed
@@ -338,16 +348,17 @@ def split_row(line: str) -> list[str]:
     return [cell.strip() for cell in line.strip().strip("|").split("|")]
 
 
-def planned_runs(record_set: str) -> frozenset[str]:
-    """The runs (experiment names) record set ``record_set`` is made of: its profile's (``v2-full``), or an
-    exploratory set's (``v2-exploratory-<name>``). A search (``-tune``) has no table of this kind: TUNING.md is
-    rebuilt whole (:func:`rebuilt_tuning_report`)."""
+def planned_runs(record_set: str) -> dict[str, tuple[int, ...]]:
+    """The runs (experiment names) record set ``record_set`` is made of, each with the seeds it ran: its profile's
+    (``v2-full``), or an exploratory set's (``v2-exploratory-<name>``). A search (``-tune``) has no table of this
+    kind: TUNING.md is rebuilt whole (:func:`rebuilt_tuning_report`)."""
     if record_set.startswith("v2-exploratory-"):
-        return frozenset(run.name for run in EXPLORATORY[record_set.removeprefix("v2-exploratory-")].experiments)
+        exploratory = EXPLORATORY[record_set.removeprefix("v2-exploratory-")]
+        return {run.name: exploratory.seeds for run in exploratory.experiments}
     if record_set.endswith("-tune"):
         raise ValueError(f"{record_set!r} is a search: its runs are the tuning runs, not a profile's")
     protocol, profile = record_set.split("-")[:2]
-    return frozenset(run.name for run in experiments_for(profile, protocol=protocol))
+    return {run.name: default_seeds(protocol, profile, run.name) for run in experiments_for(profile, protocol=protocol)}
 
 
 def read_table(text: str, heading: str) -> dict[str, list[str]]:
