@@ -92,7 +92,7 @@ def _v2_small_rows(ours: int) -> dict[str, dict[int, list[str]]]:
         "1": {ours: _CLAIM1_SMALL, verdict: _verdict("zhao_emd"), seeds: _seeds("zhao_emd")},
         "2": {ours: _CLAIM2_SMALL, verdict: _verdict("zhao_sharing"), seeds: _seeds("zhao_sharing")},
         "3": {
-            ours: [*_PATHOLOGICAL, "=2", "=not"],
+            ours: [*_PATHOLOGICAL, "=2", "=not", _XI_PATHOLOGICAL],
             verdict: _verdict("fedamp_pathological"),
             seeds: _seeds("fedamp_pathological"),
         },
