@@ -114,12 +114,7 @@ def _v2_small_rows(ours: int) -> dict[str, dict[int, list[str]]]:
                 *_speed(_FEDCURV, _FEDAVG_C),
             ],
             verdict: _verdict("fedcurv_rounds"),
-            seeds: [
-                "verdict[fedcurv_rounds@0]",
-                "verdict[fedcurv_rounds@1]",
-                f"x_mid[{_FEDCURV}>{_FEDAVG_C}@1]:.2f",
-                "verdict[fedcurv_rounds@2]",
-            ],
+            seeds: _seeds("fedcurv_rounds"),
         },
         "6": {
             ours: ["=5", *_acc("last5", [_RFEDAVG, _FEDAVG_S]), *_acc("std_runs", [_RFEDAVG, _FEDAVG_S], ".2f"), "=3"],
@@ -378,7 +373,6 @@ def _docs_v2_small() -> dict[str, dict[int, list[str]]]:
         f"x_mid[{_FEDCURV}>{_FEDAVG_C}]:.2f",
         f"x[{_FEDCURV}>{_FEDAVG_C}]:.2f",
     ]
-    rows["5"][4] = [f"verdict[fedcurv_rounds@{seed}]" for seed in (0, 1, 2)]
     rows["6"][2] = ["=5", *_acc("last5", [_RFEDAVG, _FEDAVG_S]), *_acc("std_runs", [_RFEDAVG, _FEDAVG_S], ".2f")]
     rows["7"][2] = ["=1", *_speed(_FEDGG, _FEDAVG_D), "=0.01", f"x[{_FEDGG_LR}>{_FEDAVG_LR}]:.2f"]
     rows["7"][4] = [*_seeds("fedgg_rounds"), *_x_range(_FEDGG, _FEDAVG_D)]
