@@ -97,13 +97,30 @@ def rewritten_cell(cell: str, specs: Sequence[str], values: Values) -> str:
             edits.append((begin, end, formatted(spec, values)))
         else:
             edits.extend(
-                (match.start(), match.end(), new)
+                _token_edit(cell, match, new, speed_up=spec.split("[")[0] in _SPEED_UPS)
                 for match, new in zip(found[first:last], group, strict=True)
                 if match.group() != new
             )
     for begin, end, text in sorted(edits, reverse=True):
         cell = cell[:begin] + text + cell[end:]
     return cell
+
+
+#: Specs whose number the text writes "1.57×" and whose ``never`` it writes bare.
+_SPEED_UPS = frozenset({"x", "x_mid"})
+
+
+def _token_edit(cell: str, match: re.Match[str], new: str, speed_up: bool) -> tuple[int, int, str]:
+    """The edit that puts ``new`` where ``match`` is; a speed-up that turns into ``never`` (or back) drops (or gains)
+    its "×", so that "never, 1.00×" becomes "1.00×, 1.00×" and not "1.00, 1.00×"."""
+    begin, end = match.start(), match.end()
+    if speed_up:
+        has_sign = cell[end : end + 1] == "×"
+        if new == "never" and has_sign:
+            end += 1
+        elif match.group() == "never" and new != "never" and not has_sign:
+            new += "×"
+    return begin, end, new
 
 
 def _cell_bounds(line: str) -> list[tuple[int, int]]:

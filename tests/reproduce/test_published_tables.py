@@ -15,6 +15,7 @@ from benchmarks.reproduce import command
 from benchmarks.reproduce.experiments import experiments_for
 from benchmarks.reproduce.exploratory import EXPLORATORY
 from benchmarks.reproduce.published import (
+    NEVER,
     RecordSet,
     Values,
     compare,
@@ -452,6 +453,25 @@ def test_rows_whose_runs_are_not_all_recorded_are_left_alone(tmp_path):
     lines = table_lines(published, table.heading)
     assert rewritten.splitlines()[lines["4"]] == published.splitlines()[lines["4"]]
     assert {change.row for change in changes} <= set(table.cells) - set(unrecorded)
+
+
+class _SpeedUps:
+    """Values whose per-seed speed-ups are given: ``None`` is a seed that never reaches the target."""
+
+    def __init__(self, speed_ups):
+        self.speed_ups = speed_ups
+
+    def value(self, name, key):
+        speed_up = self.speed_ups[int(key.partition("@")[2])]
+        return NEVER if speed_up is None else speed_up
+
+
+def test_a_speed_up_that_becomes_never_or_stops_being_never_keeps_the_times_sign():
+    specs = [f"x[fedgg>fedavg@{seed}]:.2f" for seed in (0, 1, 2)]
+    published = " (never, 1.00×, 1.00×) "
+    reached = rewritten_cell(published, specs, _SpeedUps([1.0, 1.0, 1.25]))
+    assert reached == " (1.00×, 1.00×, 1.25×) "
+    assert rewritten_cell(reached, specs, _SpeedUps([None, 1.0, None])) == " (never, 1.00×, never) "
 
 
 def test_a_run_with_some_of_its_seeds_recorded_is_not_recorded(tmp_path):
