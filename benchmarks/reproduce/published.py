@@ -66,6 +66,7 @@ _CLAIM_VALUES = frozenset({"verdict", "seeds", "ours"})
 
 #: Specs whose value is several tokens ("reproduced ×3", a whole figure).
 _VARIABLE = frozenset({"seeds", "ours"})
+_SPEED_UPS = frozenset({"x", "x_mid"})
 
 
 def token_matches(text: str) -> list[re.Match[str]]:
@@ -286,9 +287,20 @@ def evaluate(spec: str, values: Values) -> list[str]:
     return tokens(formatted(spec, values))
 
 
+def _value_name(spec: str) -> str:
+    """The value a spec reads (``x`` of ``x[a>b@1]:.2f``); a literal's text for a literal."""
+    return spec.split("[")[0]
+
+
 def is_variable(spec: str) -> bool:
     """Whether ``spec`` gives a number of tokens that depends on the records (``seeds``, ``ours``)."""
-    return spec.split("[")[0] in _VARIABLE
+    return _value_name(spec) in _VARIABLE
+
+
+def is_speed_up(spec: str) -> bool:
+    """Whether ``spec`` is one speed-up, which the text writes "1.57×" and, where the target is never reached,
+    ``never`` without the sign (``x``, ``x_mid``; a range's ends are written "1.57–2.10×")."""
+    return _value_name(spec) in _SPEED_UPS
 
 
 @dataclass(frozen=True)
@@ -476,6 +488,7 @@ __all__ = [
     "compare",
     "evaluate",
     "formatted",
+    "is_speed_up",
     "is_variable",
     "planned_runs",
     "read_table",

@@ -29,6 +29,7 @@ from benchmarks.reproduce.published import (
     Values,
     evaluate,
     formatted,
+    is_speed_up,
     is_variable,
     table_lines,
     token_matches,
@@ -97,17 +98,13 @@ def rewritten_cell(cell: str, specs: Sequence[str], values: Values) -> str:
             edits.append((begin, end, formatted(spec, values)))
         else:
             edits.extend(
-                _token_edit(cell, match, new, speed_up=spec.split("[")[0] in _SPEED_UPS)
+                _token_edit(cell, match, new, speed_up=is_speed_up(spec))
                 for match, new in zip(found[first:last], group, strict=True)
                 if match.group() != new
             )
     for begin, end, text in sorted(edits, reverse=True):
         cell = cell[:begin] + text + cell[end:]
     return cell
-
-
-#: Specs whose number the text writes "1.57×" and whose ``never`` it writes bare.
-_SPEED_UPS = frozenset({"x", "x_mid"})
 
 
 def _token_edit(cell: str, match: re.Match[str], new: str, speed_up: bool) -> tuple[int, int, str]:
