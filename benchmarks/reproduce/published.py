@@ -446,15 +446,28 @@ def shape_differences(table: PublishedTable, text: str) -> list[str]:
 #: Header lines of a generated report that say when, where and how it was written, not what the runs gave.
 _CIRCUMSTANCES = ("- date:", "- machine:", "- command:")
 
+#: How a published report marks an editorial note: a blockquote line, which the generator never writes. A note says
+#: what the report is beside other run sets (e.g. that its choices are not the presets'); the runs' numbers stay
+#: the generator's, which is what the comparison checks.
+_EDITORIAL = ">"
+
 
 def report_differences(published: str, rebuilt: str, name: str) -> list[str]:
     """Line by line, the tokens of a published generated report (TUNING.md) against the same report rebuilt from
-    records; the header lines of date, machine and command are left out."""
-    keep = [line for line in published.splitlines() if not line.startswith(_CIRCUMSTANCES)]
-    again = [line for line in rebuilt.splitlines() if not line.startswith(_CIRCUMSTANCES)]
+    records. Left out: the header lines of date, machine and command, blank lines, and the published report's
+    editorial notes (blockquote lines, which the generator never writes); a difference names the published line."""
+
+    def compared(text: str) -> list[tuple[int, str]]:
+        return [
+            (number, line)
+            for number, line in enumerate(text.splitlines(), start=1)
+            if line.strip() and not line.startswith((*_CIRCUMSTANCES, _EDITORIAL))
+        ]
+
+    keep, again = compared(published), compared(rebuilt)
     problems = [
-        f"{name}, line {index + 1}: published {tokens(old)}, records give {tokens(new)} ({old[:60]!r})"
-        for index, (old, new) in enumerate(zip(keep, again, strict=False))
+        f"{name}, line {number}: published {tokens(old)}, records give {tokens(new)} ({old[:60]!r})"
+        for (number, old), (_, new) in zip(keep, again, strict=False)
         if tokens(old) != tokens(new)
     ]
     if len(keep) != len(again):

@@ -382,6 +382,15 @@ def test_the_search_report_replays_from_a_records_folder(tmp_path):
     assert report_differences(published, rebuilt, "TUNING.md")
 
 
+def test_a_published_reports_editorial_note_is_not_compared_but_its_numbers_are():
+    rebuilt = "# Search\n\n- date: 2026-11-28\n\n| run | score |\n|---|---|\n| a | 92.20 |\n"
+    noted = rebuilt.replace("# Search\n", "# Search\n\n> The presets are another search's choices.\n")
+    assert report_differences(noted.replace("2026-11-28", "2026-11-27"), rebuilt, "R.md") == []
+    # A note does not excuse a number: the score under it is still read.
+    problems = report_differences(noted.replace("92.20", "92.65"), rebuilt, "R.md")
+    assert problems == ["R.md, line 9: published ['92.65'], records give ['92.20'] ('| a | 92.65 |')"]
+
+
 # Rewriting a set's tables from its records (benchmarks/reproduce/rewrite.py).
 
 
