@@ -45,6 +45,7 @@ from benchmarks.reproduce.measures import Summary
 from benchmarks.reproduce.rules import NOT
 from benchmarks.reproduce.runner import RunResult
 from benchmarks.reproduce.seeds import mean_summaries, per_seed_summaries
+from benchmarks.reproduce.tuning_v2 import FEDCURV_RUN
 
 #: A cell's numbers and verdict words, in order.
 TOKEN = re.compile(r"\d+(?:\.\d+)?|reproduced|partly|not|never")
@@ -484,6 +485,54 @@ def rebuilt_tuning_report(records_dir: Path, out_dir: Path, root: Path) -> str:
     return (out_dir / "tune" / "TUNING.md").read_text()
 
 
+#: The columns of a published table that quote a search report's choices (REPRODUCTION.md's v2 choice table).
+CHOICE_COLUMNS = ("rerun's choice", "rerun's score")
+
+
+def search_choices(report: str) -> dict[str, tuple[str, str]]:
+    """Each run's choice and score as a search report (TUNING.md) gives them: its comparisons' choice tables
+    (``| run | settings | choice | score | status |``), and claim 5's λ, the bold row of its table, whose score is
+    its rounds to the target."""
+    found: dict[str, tuple[str, str]] = {}
+    for line in report.splitlines():
+        cells = split_row(line) if line.startswith("| ") else []
+        if len(cells) == 5 and cells[1].isdigit():
+            found[cells[0]] = (cells[2], cells[3])
+        elif len(cells) == 3 and cells[0].startswith("**"):
+            found[FEDCURV_RUN] = (cells[0], cells[1])
+    return found
+
+
+def choice_differences(published: str, report: str, name: str) -> list[str]:
+    """The rows of ``published``'s choice table (the one whose header has :data:`CHOICE_COLUMNS`) against the
+    search report they quote. Numbers compare by value, so a cell may write 1e-5 for the report's 1e-05."""
+
+    def values(text: str) -> list[float | str]:
+        return [float(token) if token[0].isdigit() else token for token in tokens(text)]
+
+    lines = published.splitlines()
+    header = next(
+        (index for index, line in enumerate(lines) if all(c in split_row(line) for c in CHOICE_COLUMNS)), None
+    )
+    if header is None:
+        return [f"{name}: no table with the columns {', '.join(CHOICE_COLUMNS)}"]
+    columns = [split_row(lines[header]).index(column) for column in CHOICE_COLUMNS]
+    choices = search_choices(report)
+    problems = []
+    for line in lines[header + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = split_row(line)
+        quoted = choices.get(cells[0])
+        if quoted is None:
+            problems.append(f"{name}, row {cells[0]!r}: the search report has no choice for it")
+            continue
+        for column, heading, source in zip(columns, CHOICE_COLUMNS, quoted, strict=True):
+            if values(cells[column]) != values(source):
+                problems.append(f"{name}, row {cells[0]!r}, {heading}: {cells[column]!r}; the report gives {source!r}")
+    return problems
+
+
 def render_row(table: PublishedTable, row: str, values: Values, width: int) -> str:
     """A table row whose checked cells hold exactly the records' tokens (what a synthetic table is built from)."""
     cells = [row] + [""] * (width - 1)
@@ -493,11 +542,13 @@ def render_row(table: PublishedTable, row: str, values: Values, width: int) -> s
 
 
 __all__ = [
+    "CHOICE_COLUMNS",
     "NEVER",
     "Difference",
     "PublishedTable",
     "RecordSet",
     "Values",
+    "choice_differences",
     "compare",
     "evaluate",
     "formatted",
@@ -509,6 +560,7 @@ __all__ = [
     "report_differences",
     "render_row",
     "runs_read",
+    "search_choices",
     "shape_differences",
     "split_row",
     "table_lines",

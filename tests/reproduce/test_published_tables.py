@@ -18,11 +18,13 @@ from benchmarks.reproduce.published import (
     NEVER,
     RecordSet,
     Values,
+    choice_differences,
     compare,
     rebuilt_tuning_report,
     render_row,
     report_differences,
     runs_read,
+    search_choices,
     shape_differences,
     table_lines,
     tokens,
@@ -389,6 +391,48 @@ def test_a_published_reports_editorial_note_is_not_compared_but_its_numbers_are(
     # A note does not excuse a number: the score under it is still read.
     problems = report_differences(noted.replace("92.20", "92.65"), rebuilt, "R.md")
     assert problems == ["R.md, line 9: published ['92.65'], records give ['92.20'] ('| a | 92.65 |')"]
+
+
+_REPORT = """## pathological
+
+| run | settings | choice | validation score, % | status |
+|---|---|---|---|---|
+| pathological_fedamp | 12 | FedAMP.sigma=0.1, FedAMP.alpha_k=0.005263, lr=0.1 | 92.20 | interior |
+
+## FedCurv λ (claim 5, η = 0.01)
+
+| λ | rounds to target | last-5 accuracy, % |
+|---|---|---|
+| 5e-06 | 52 | 71.63 |
+| **1e-05** | **52** | **71.73** |
+"""
+
+
+def test_a_table_quoting_the_search_reads_its_choices_and_scores_from_the_report():
+    assert search_choices(_REPORT) == {
+        "pathological_fedamp": ("FedAMP.sigma=0.1, FedAMP.alpha_k=0.005263, lr=0.1", "92.20"),
+        "fedcurv_paper": ("**1e-05**", "**52**"),
+    }
+    table = (
+        "| run | v1 choice (score) | rerun's choice | rerun's score | rerun's status |\n|---|---|---|---|---|\n"
+        "| pathological_fedamp | σ 0.05, lr 0.15 (93.55) | σ 0.1 (α_k 0.005263), lr 0.1 | 92.20 | interior |\n"
+        "| fedcurv_paper | λ 0.01 | λ 1e-5 | 52 rounds to the target | bounded; η = 0.01 |\n\nAfter the table.\n"
+    )
+    assert choice_differences(table, _REPORT, "R.md") == []
+    assert choice_differences(table.replace("92.20", "92.65"), _REPORT, "R.md") == [
+        "R.md, row 'pathological_fedamp', rerun's score: '92.65'; the report gives '92.20'"
+    ]
+    assert choice_differences(table.replace("σ 0.1 (", "σ 0.3 ("), _REPORT, "R.md") == [
+        "R.md, row 'pathological_fedamp', rerun's choice: 'σ 0.3 (α_k 0.005263), lr 0.1';"
+        " the report gives 'FedAMP.sigma=0.1, FedAMP.alpha_k=0.005263, lr=0.1'"
+    ]
+    unknown = table.replace("| fedcurv_paper |", "| fedcurv_e50 |")
+    assert choice_differences(unknown, _REPORT, "R.md") == [
+        "R.md, row 'fedcurv_e50': the search report has no choice for it"
+    ]
+    assert choice_differences("no table", _REPORT, "R.md") == [
+        "R.md: no table with the columns rerun's choice, rerun's score"
+    ]
 
 
 # Rewriting a set's tables from its records (benchmarks/reproduce/rewrite.py).
