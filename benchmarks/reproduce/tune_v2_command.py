@@ -9,7 +9,6 @@ round's commands and counts them. ``--write-presets`` writes each choice to ``co
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from benchmarks.reproduce.fair_search import (
     fewest_rounds_choice,
     search_settings,
 )
-from benchmarks.reproduce.records import recorded_results, set_dir, set_name
+from benchmarks.reproduce.records import recorded_results, set_dir, set_name, without_out_dir
 from benchmarks.reproduce.report import invocation_context
 from benchmarks.reproduce.runner import (
     RunResult,
@@ -154,7 +153,8 @@ def tune_v2(
     print(f"[reproduce] v2 tuning report: {path}")
     if getattr(args, "records", None) is not None:  # the report beside the records it was built from
         args.records.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, args.records / "TUNING.md")
+        # The copy is committed: the output directory (``--out-dir``, whose ``tune/`` this is) becomes <out-dir>.
+        (args.records / "TUNING.md").write_text(without_out_dir(path.read_text(), out_dir.parent))
     if args.write_presets:
         _write_presets(root, by_name, outcomes, table, context)
     return 1 if failed else 0

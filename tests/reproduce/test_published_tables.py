@@ -393,6 +393,13 @@ def test_a_published_reports_editorial_note_is_not_compared_but_its_numbers_are(
     assert problems == ["R.md, line 9: published ['92.65'], records give ['92.20'] ('| a | 92.65 |')"]
 
 
+def test_reproduction_md_quotes_the_choices_and_scores_of_the_search_report():
+    # TUNING.md is the search's records' (the test above); REPRODUCTION.md's choice table quotes it.
+    reproduction = (ROOT / "REPRODUCTION.md").read_text()
+    tuning = (ROOT / "configs" / "tuned_v2" / "TUNING.md").read_text()
+    assert choice_differences(reproduction, tuning, "REPRODUCTION.md") == []
+
+
 _REPORT = """## pathological
 
 | run | settings | choice | validation score, % | status |

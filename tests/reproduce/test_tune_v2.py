@@ -12,6 +12,7 @@ import yaml
 
 from benchmarks.reproduce import command, tune_v2_command
 from benchmarks.reproduce.fair_search import Comparison, Ladder, assess, search_settings
+from benchmarks.reproduce.records import set_name
 from benchmarks.reproduce.runner import OK, RunResult, run_dir_of
 from benchmarks.reproduce.tuning_v2 import fedcurv_choice_status, write_report
 
@@ -60,7 +61,9 @@ def fake_runs(monkeypatch):
     return calls
 
 
-def test_tune_v2_loop_extends_edges_runs_lambda_stages_and_replays(tmp_path, monkeypatch, fake_runs, capsys):
+def test_tune_v2_loop_extends_edges_runs_lambda_stages_and_replays(
+    tmp_path, monkeypatch, fake_runs, capsys, records_in_tmp
+):
     root = tmp_path / "repo"
     # The repository's configs without its own v2 choices: the presets this search writes are its own, and a run
     # that composed a choice of the repository's search (configs/tuned_v2) would fail to find it here.
@@ -77,6 +80,10 @@ def test_tune_v2_loop_extends_edges_runs_lambda_stages_and_replays(tmp_path, mon
     assert len(fake_runs) == 4 * 12 + 6 + 4 * 4 + 2 + 4 * 4
     assert len(set(fake_runs)) == len(fake_runs)
     report = (out / "tune" / "TUNING.md").read_text()
+    # The copy beside the records is committed: the same report, with the output directory written as <out-dir>.
+    copy = (records_in_tmp / set_name("v2", "smoke", tune=True) / "TUNING.md").read_text()
+    assert str(out) in report and str(out) not in copy
+    assert copy == report.replace(str(out), "<out-dir>")
     section = report.split("## Dirichlet 0.1")[1].split("##")[0]
     for run in DIRICHLET:
         row = next(line for line in section.splitlines() if line.startswith(f"| {run} |"))
