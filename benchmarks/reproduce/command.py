@@ -46,13 +46,13 @@ from benchmarks.reproduce.experiments import (
 )
 from benchmarks.reproduce.exploratory import EXPLORATORY
 from benchmarks.reproduce.records import (
+    copy_beside_records,
     declared_commit,
     environment,
     extract_records,
     recorded_results,
     set_dir,
     set_name,
-    without_out_dir,
 )
 from benchmarks.reproduce.report import invocation_context, read_v1_verdicts, write_report
 from benchmarks.reproduce.runner import (
@@ -305,10 +305,8 @@ def _records_dir(args: argparse.Namespace) -> Path:
 def _copy_report(report_path: Path, records_dir: Path) -> None:
     """The generated report and its ``reproduction.json`` beside the records they were built from, with the output
     directory (the report's own) written as ``<out-dir>``: the copies are committed, and name no machine's paths."""
-    records_dir.mkdir(parents=True, exist_ok=True)
-    out_dir = report_path.parent
     for source, name in ((report_path, "report.md"), (report_path.with_name("reproduction.json"), "reproduction.json")):
-        (records_dir / name).write_text(without_out_dir(source.read_text(), out_dir))
+        copy_beside_records(source, records_dir, name, report_path.parent)
 
 
 def _extract(args: argparse.Namespace, experiments: Sequence[Experiment], out_dir: Path, records: Path) -> int:

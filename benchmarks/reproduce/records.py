@@ -147,6 +147,16 @@ def without_out_dir(text: str, out_dir: Path | str) -> str:
     return re.sub(re.escape(str(out_dir)) + r"(?![\w.-])", OUT_DIR, text)
 
 
+def copy_beside_records(source: Path, records_dir: Path, name: str, out_dir: Path | str) -> Path:
+    """A generated report (or its ``reproduction.json``) written as ``<records_dir>/<name>``, beside the records it
+    was built from, with the output directory ``out_dir`` written as :data:`OUT_DIR`: the copy is committed, and
+    names no machine's paths."""
+    records_dir.mkdir(parents=True, exist_ok=True)
+    target = records_dir / name
+    target.write_text(without_out_dir(source.read_text(), out_dir))
+    return target
+
+
 def make_record(
     result: RunResult,
     summary: Mapping[str, Any] | None,
@@ -313,6 +323,7 @@ __all__ = [
     "RUN_SETS",
     "RecordedResult",
     "compact_summary",
+    "copy_beside_records",
     "declared_commit",
     "environment",
     "expand_summary",

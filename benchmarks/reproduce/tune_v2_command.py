@@ -26,7 +26,7 @@ from benchmarks.reproduce.fair_search import (
     fewest_rounds_choice,
     search_settings,
 )
-from benchmarks.reproduce.records import recorded_results, set_dir, set_name, without_out_dir
+from benchmarks.reproduce.records import copy_beside_records, recorded_results, set_dir, set_name
 from benchmarks.reproduce.report import invocation_context
 from benchmarks.reproduce.runner import (
     RunResult,
@@ -152,9 +152,7 @@ def tune_v2(
     path = write_report(out_dir, outcomes, table, context, reference)
     print(f"[reproduce] v2 tuning report: {path}")
     if getattr(args, "records", None) is not None:  # the report beside the records it was built from
-        args.records.mkdir(parents=True, exist_ok=True)
-        # The copy is committed: the output directory (``--out-dir``, whose ``tune/`` this is) becomes <out-dir>.
-        (args.records / "TUNING.md").write_text(without_out_dir(path.read_text(), out_dir.parent))
+        copy_beside_records(path, args.records, "TUNING.md", out_dir.parent)  # out_dir is ``--out-dir``'s tune/
     if args.write_presets:
         _write_presets(root, by_name, outcomes, table, context)
     return 1 if failed else 0
