@@ -51,6 +51,8 @@ from benchmarks.reproduce.runner import FAILED, OK, RunResult
 
 ROOT = Path(__file__).parents[2]
 COMMITTED = ROOT / "benchmarks" / "reproduce" / "records"
+#: records/RUN_SETS.json: each published run set's tree, runs and (once committed) its "records" line.
+DECLARED = json.loads(RUN_SETS.read_text())
 
 #: How a missing record set is made (REPRODUCTION.md, "Run sets and their trees").
 MAKE = {
@@ -71,14 +73,10 @@ def _missing(name: str) -> str:
     )
 
 
-def _declared_sets() -> dict[str, dict]:
-    return json.loads(RUN_SETS.read_text())["sets"]
-
-
 def _not_checkable(name: str, why: str) -> None:
     """Skip while a set's records are still being made; fail once RUN_SETS.json says they are committed, so a
     deleted or partial record set cannot turn the table check into a skip."""
-    if "records" in _declared_sets().get(name, {}):
+    if "records" in DECLARED["sets"].get(name, {}):
         pytest.fail(f"records/RUN_SETS.json says {name}'s records are committed, but {why}")
     pytest.skip(why)
 
@@ -110,12 +108,12 @@ def test_every_published_number_equals_the_records(table, row):
     assert not differences, "\n".join(map(str, differences))
 
 
-@pytest.mark.parametrize("name", [name for name, declared in _declared_sets().items() if "records" in declared])
+@pytest.mark.parametrize("name", [name for name, declared in DECLARED["sets"].items() if "records" in declared])
 def test_a_set_declared_recorded_holds_a_record_of_every_run(name):
     records = read_records(COMMITTED / name)
-    assert len(records) == _declared_sets()[name]["runs"], (
-        f"records/RUN_SETS.json declares {_declared_sets()[name]['runs']} runs for {name}, "
-        f"records/{name}/ holds {len(records)}"
+    runs = DECLARED["sets"][name]["runs"]
+    assert len(records) == runs, (
+        f"records/RUN_SETS.json declares {runs} runs for {name}, records/{name}/ holds {len(records)}"
     )
     assert {record["status"] for record in records.values()} == {OK}
 
@@ -319,7 +317,7 @@ def test_extracted_records_name_the_tree_the_run_set_declares(tmp_path):
     _old_run(tmp_path, "zhao_iid.seed0", "zhao_iid")
     extract_records(tmp_path, tmp_path / "v1-small", lambda r: declared_commit("v1-small", r.experiment))
     found = read_records(tmp_path / "v1-small")
-    trees = json.loads(RUN_SETS.read_text())["trees"]
+    trees = DECLARED["trees"]
     assert found["practical_fedamp.seed0"]["commit"]["id"] == trees["v1-small-b"]["commit"]  # re-run after the
     assert found["zhao_iid.seed0"]["commit"]["id"] == trees["v1-small-a"]["commit"]  # common-range tuning
     assert found["zhao_iid.seed0"]["commit"]["source"] == "declared"
@@ -350,10 +348,9 @@ def test_extracting_a_set_without_a_declared_tree_asks_for_commit(tmp_path, caps
 
 
 def test_every_declared_run_set_names_a_tree_that_exists():
-    payload = json.loads(RUN_SETS.read_text())
-    for name, entry in payload["sets"].items():
+    for name, entry in DECLARED["sets"].items():
         for tree in {entry["tree"], *entry.get("tree_by_experiment", {}).values()} - {None}:
-            assert tree in payload["trees"], name
+            assert tree in DECLARED["trees"], name
 
 
 def test_the_exploratory_set_lists_its_runs_and_its_estimate(tmp_path, capsys):
